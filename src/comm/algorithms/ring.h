@@ -1,0 +1,16 @@
+// Collectives over point-to-point transfers (any Transport): ring reduce-scatter and allgather, their
+// composition for allreduce, a pipelined broadcast, a dissemination barrier.
+#pragma once
+
+#include "comm/algorithms/args.h"
+#include "comm/transport/transport.h"
+
+namespace hetra::comm {
+
+void allreduceRing(Transport& transport, const AllreduceArgs& args);
+void reduceScatterRing(Transport& transport, const ReduceScatterArgs& args);
+void allgatherRing(Transport& transport, const AllgatherArgs& args);
+void broadcastPipelined(Transport& transport, const BroadcastArgs& args);
+void barrierDissemination(Transport& transport, const BarrierArgs& args);
+
+}  // namespace hetra::comm

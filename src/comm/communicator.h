@@ -1,0 +1,84 @@
+// Communicator: a group of ranks and the collectives they run together.
+//
+// Every collective returns a Work handle at once; the operations of one communicator run in the order
+// they were issued on its own progress thread, so a caller can overlap communication with compute
+// (gradient buckets during backward). The first failure of an operation (a dead peer, a timeout, a
+// mismatched call) is latched: every later operation of the group fails with the same error.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/algorithms/args.h"
+#include "comm/reduce.h"
+#include "common/dtype.h"
+#include "common/timing.h"
+#include "store/store.h"
+
+namespace hetra::comm {
+
+class Transport;
+
+struct GroupOptions {
+  // "auto" picks shm when every rank of the group is on one host (same host identity), else tcp.
+  std::string transport = "auto";
+  // Deadline of each operation, counted from when it starts running.
+  Millis timeout{30000};
+  // Address the tcp transport listens on; "" uses HETRA_IFACE_ADDR or the loopback address.
+  std::string listenAddress;
+};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool isCompleted() const = 0;
+  // Waits for completion and rethrows the operation's error. Throws TimeoutError if it has not
+  // completed within `timeout` (the operation itself keeps running toward its own deadline).
+  virtual void wait(Millis timeout = Millis(300000)) = 0;
+  virtual std::exception_ptr exception() const = 0;
+  // Seconds the operation ran on the progress thread (0 until completed).
+  virtual double seconds() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  // Creates a group of `size` ranks; every rank calls it with the same store (prefixed per job).
+  static std::shared_ptr<Communicator> create(std::shared_ptr<store::Store> store, int rank, int size,
+                                              const GroupOptions& options = {});
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* transportName() const = 0;
+  virtual Transport& transport() = 0;
+
+  // Splits the group: ranks with the same color form a new group, ordered by (key, old rank). Every
+  // rank of this group must call it. A negative color returns nullptr (the rank joins no group).
+  virtual std::shared_ptr<Communicator> split(int color, int key, const GroupOptions& options) = 0;
+
+  // out may equal in (in place).
+  virtual WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op) = 0;
+  // in holds sum(counts) elements; out receives counts[rank()] elements.
+  virtual WorkPtr reduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                DType dtype, ReduceOp op) = 0;
+  // in holds counts[rank()] elements; out receives sum(counts) elements in rank order.
+  virtual WorkPtr allgather(const void* in, void* out, const std::vector<size_t>& counts,
+                            DType dtype) = 0;
+  virtual WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  virtual WorkPtr barrier() = 0;
+  virtual WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint32_t tag = 0) = 0;
+  virtual WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint32_t tag = 0) = 0;
+
+  // Fails the group on every reachable rank (see Transport::abort).
+  virtual void abort(const std::string& reason) = 0;
+};
+
+// Identity of the host this process runs on: the hostname plus the kernel's boot id and IPC namespace,
+// so two network-namespace "hosts" on one machine count as different hosts.
+std::string hostIdentity();
+
+}  // namespace hetra::comm

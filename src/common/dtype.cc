@@ -1,0 +1,117 @@
+#include "common/dtype.h"
+
+#include <cstring>
+
+#include "common/errors.h"
+
+namespace hetra {
+
+size_t dtypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return 4;
+    case DType::F64: return 8;
+    case DType::F16: return 2;
+    case DType::BF16: return 2;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+    case DType::U8: return 1;
+  }
+  throw EnforceError(str("unknown dtype ", int(dtype)));
+}
+
+const char* dtypeName(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::U8: return "uint8";
+  }
+  return "unknown";
+}
+
+DType parseDType(std::string_view name) {
+  struct Alias {
+    const char* shortName;
+    DType dtype;
+  };
+  static constexpr Alias kShort[] = {{"f32", DType::F32}, {"f64", DType::F64}, {"f16", DType::F16},
+                                     {"bf16", DType::BF16}, {"i32", DType::I32}, {"i64", DType::I64},
+                                     {"u8", DType::U8}};
+  for (const auto& alias : kShort) {
+    if (name == alias.shortName || name == dtypeName(alias.dtype)) return alias.dtype;
+  }
+  throw ConfigError(str("dtype '", name,
+                        "' is not supported; allowed: float32 (f32), float64 (f64), float16 (f16), "
+                        "bfloat16 (bf16), int32 (i32), int64 (i64), uint8 (u8)"));
+}
+
+bool isFloating(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::F16 || dtype == DType::BF16;
+}
+
+uint16_t floatToHalf(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) {  // Inf or NaN; keep NaN quiet and non-zero
+    return uint16_t(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0));
+  }
+  if (absx >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: overflow to Inf
+  if (absx < 0x38800000u) {                                   // below the smallest normal half
+    // Subnormal half: value = mantissa * 2^-24. Add the implicit bit, shift with round to nearest even.
+    if (absx < 0x33000000u) return uint16_t(sign);  // below half of the smallest subnormal
+    const uint32_t exponent = absx >> 23;
+    const uint32_t mantissa = (absx & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exponent;  // float = mantissa * 2^(exponent-150); half unit 2^-24
+    uint32_t result = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rest > halfway || (rest == halfway && (result & 1u))) ++result;
+    return uint16_t(sign | result);
+  }
+  // Normal: rebias exponent (127 -> 15), round mantissa 23 -> 10 bits to nearest even.
+  uint32_t result = absx - 0x38000000u;
+  const uint32_t rest = result & 0x1fffu;
+  result >>= 13;
+  if (rest > 0x1000u || (rest == 0x1000u && (result & 1u))) ++result;
+  return uint16_t(sign | result);
+}
+
+float halfToFloat(uint16_t bits) {
+  const uint32_t sign = uint32_t(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  uint32_t out;
+  if (exponent == 0x1f) {
+    out = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    out = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    out = sign;
+  } else {  // subnormal half becomes a normal float
+    uint32_t e = 113;
+    uint32_t m = mantissa;
+    while (!(m & 0x400u)) {
+      m <<= 1;
+      --e;
+    }
+    out = sign | (e << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &out, sizeof f);
+  return f;
+}
+
+uint16_t floatToBFloat16(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, sizeof x);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);  // quiet NaN
+  const uint32_t roundingBias = 0x7fffu + ((x >> 16) & 1u);
+  return uint16_t((x + roundingBias) >> 16);
+}
+
+}  // namespace hetra
