@@ -1,1 +1,95 @@
-int main() { return 0; }
+// hetra: one binary, one subcommand per job (run, launch, bench, probe, params).
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "bench_command.h"
+#include "common/errors.h"
+#include "common/params.h"
+#include "device/probe.h"
+#include "launch.h"
+
+namespace {
+
+using namespace hetra;
+
+void addBenchCommand(CLI::App& app, cli::BenchOptions& o, int& np, bool& noCheck, std::string& minSize,
+                     std::string& maxSize, std::string& dtype, std::string& op) {
+  auto* bench = app.add_subcommand("bench", "Collective benchmark in the style of nccl-tests");
+  bench->add_option("collective", o.collective, "allreduce | reducescatter | allgather | broadcast")
+      ->required()
+      ->check(CLI::IsMember({"allreduce", "reducescatter", "allgather", "broadcast"}));
+  bench->add_option("--np", np, "Start this many local ranks (unless HETRA_RANK is set)")
+      ->check(CLI::Range(1, 1024));
+  bench->add_option("-b,--minbytes", minSize, "Smallest size (bytes; K, M, G suffixes)");
+  bench->add_option("-e,--maxbytes", maxSize, "Largest size");
+  bench->add_option("-f,--stepfactor", o.factor, "Multiply the size by this factor each step")
+      ->check(CLI::PositiveNumber);
+  bench->add_option("-w,--warmup_iters", o.warmup, "Warm-up iterations per size")->check(CLI::NonNegativeNumber);
+  bench->add_option("-n,--iters", o.iters, "Timed iterations per size")->check(CLI::Range(1, 1000000));
+  bench->add_option("-c,--check", o.check, "Check the result of the first iteration (1) or not (0)");
+  bench->add_flag("--no-check", noCheck, "Same as -c 0");
+  bench->add_option("--dtype,-d", dtype, "float32 float64 float16 bfloat16 int32 int64 uint8");
+  bench->add_option("--op,-o", op, "sum avg min max");
+  bench->add_option("--transport", o.transport, "shm | tcp | auto")
+      ->check(CLI::IsMember({"auto", "shm", "tcp"}));
+  bench->add_option("--json", o.jsonPath, "Write the rows as JSON to this file");
+  bench->add_option("--timeout-ms", o.timeoutMs, "Deadline of each operation")->check(CLI::Range(100, 3600000));
+}
+
+int runProbe(bool json) {
+  const auto info = device::probeHost();
+  std::cout << (json ? device::hostInfoJson(info) : device::formatHostInfo(info)) << std::endl;
+  return 0;
+}
+
+int runParams() {
+  for (const auto& p : allParams())
+    std::printf("%-24s default '%s'\n    %s\n", p.env.c_str(), p.defaultValue.c_str(), p.description.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hetra: training across heterogeneous devices"};
+  app.require_subcommand(1);
+  cli::BenchOptions bench;
+  int np = 0;
+  bool noCheck = false;
+  std::string minSize = "8", maxSize = "64M", dtype = "float32", op = "sum";
+  addBenchCommand(app, bench, np, noCheck, minSize, maxSize, dtype, op);
+  bool probeJson = false;
+  auto* probe = app.add_subcommand("probe", "Show this host's CPU, memory and GPUs");
+  probe->add_flag("--json", probeJson, "Print JSON");
+  auto* params = app.add_subcommand("params", "List every HETRA_* parameter with its default");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (probe->parsed()) return runProbe(probeJson);
+    if (params->parsed()) return runParams();
+    bench.minBytes = cli::parseSize(minSize);
+    bench.maxBytes = cli::parseSize(maxSize);
+    bench.dtype = parseDType(dtype);
+    bench.op = comm::parseReduceOp(op);
+    if (noCheck) bench.check = false;
+    if (bench.minBytes > bench.maxBytes)
+      throw ConfigError(str("-b ", minSize, " is larger than -e ", maxSize));
+    if (cli::rankFromEnvironment()) return cli::runBenchRank(bench);
+    return cli::spawnLocalRanks(np > 0 ? np : 1, std::vector<std::string>(argv, argv + argc));
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "hetra: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hetra: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,49 @@
+# The two commands a newcomer needs:  make demo  (runs the main job)  and  make test  (builds, runs every test).
+# Both install the Debian packages they need first (scripts/install-deps.sh).
+
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+JOBS ?= $(shell nproc)
+HETRA := $(BUILD)/tools/hetra/hetra
+
+.PHONY: all deps build test test-asan test-tsan demo bench format clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh build
+
+build: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# Every test, then the communication tests again under AddressSanitizer + UBSan.
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300
+	@$(MAKE) --no-print-directory test-asan
+
+test-asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_SANITIZE=address >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L comm
+
+test-tsan: deps
+	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_SANITIZE=thread >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS)
+	ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L comm
+
+demo: build
+	$(HETRA) probe
+	$(HETRA) bench allreduce --np 2 -b 8 -e 64M -f 4 -c 1
+
+# Side-by-side comparison with Open MPI and torch.distributed (gloo); see bench/README.md.
+bench: build
+	@scripts/install-deps.sh bench
+	bench/compare_allreduce.sh
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages hetra needs to build and test, only those missing. Used by `make`.
+#   scripts/install-deps.sh [build|bench]    build: compile and test (default); bench: also the peers
+set -euo pipefail
+
+build_packages=(
+  cmake ninja-build g++ make pkg-config
+  libgloo-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
+  libgtest-dev libgmock-dev libssl-dev
+)
+bench_packages=(libopenmpi-dev openmpi-bin python3 python3-torch)
+
+wanted=("${build_packages[@]}")
+[[ "${1:-build}" == bench ]] && wanted+=("${bench_packages[@]}")
+
+missing=()
+for pkg in "${wanted[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "hetra: installing missing Debian packages: ${missing[*]}"
+sudo=()
+[[ $(id -u) -eq 0 ]] || sudo=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -q
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

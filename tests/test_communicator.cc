@@ -1,0 +1,151 @@
+// The communicator over both transports: transport choice, asynchronous ordered operations, average,
+// split into sub-groups, point-to-point, and error latching.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "comm/communicator.h"
+#include "comm/transport/transport.h"
+#include "common/errors.h"
+#include "harness.h"
+
+namespace hetra::comm {
+namespace {
+
+using test::runRanks;
+
+GroupOptions optionsFor(const std::string& transport) {
+  GroupOptions o;
+  o.transport = transport;
+  o.timeout = Millis(10000);
+  return o;
+}
+
+class CommunicatorTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CommunicatorTest, ThreadsOfOneProcessGetTheRequestedTransport) {
+  auto store = std::make_shared<store::MemoryStore>();
+  const std::string transport = GetParam();
+  runRanks(3, [&](int rank) {
+    auto comm = Communicator::create(store, rank, 3, optionsFor(transport));
+    EXPECT_EQ(comm->size(), 3);
+    EXPECT_EQ(comm->rank(), rank);
+    // auto picks shm: every thread is on this host.
+    EXPECT_STREQ(comm->transportName(), transport == "tcp" ? "tcp" : "shm");
+  });
+}
+
+TEST_P(CommunicatorTest, ManyOperationsInFlightCompleteInOrder) {
+  auto store = std::make_shared<store::MemoryStore>();
+  constexpr int kSize = 3, kOps = 6;
+  const size_t count = 1000 + 3;
+  runRanks(kSize, [&](int rank) {
+    auto comm = Communicator::create(store, rank, kSize, optionsFor(GetParam()));
+    std::vector<std::vector<float>> bufs(kOps, std::vector<float>(count));
+    std::vector<WorkPtr> works;
+    for (int op = 0; op < kOps; ++op) {
+      for (size_t i = 0; i < count; ++i) bufs[op][i] = float(rank * 100 + op * 10) + float(i % 7);
+      works.push_back(comm->allreduce(bufs[op].data(), bufs[op].data(), count, DType::F32,
+                                      op % 2 ? ReduceOp::Avg : ReduceOp::Sum));
+    }
+    for (int op = 0; op < kOps; ++op) {
+      works[op]->wait();
+      EXPECT_TRUE(works[op]->isCompleted());
+      for (size_t i = 0; i < count; ++i) {
+        const float sum = float((0 + 100 + 200) + kSize * (op * 10 + int(i % 7)));
+        ASSERT_FLOAT_EQ(bufs[op][i], op % 2 ? sum / kSize : sum) << "op " << op << " i " << i;
+      }
+    }
+  });
+}
+
+TEST_P(CommunicatorTest, SplitFormsIndependentGroups) {
+  auto store = std::make_shared<store::MemoryStore>();
+  constexpr int kSize = 5;
+  runRanks(kSize, [&](int rank) {
+    auto world = Communicator::create(store, rank, kSize, optionsFor(GetParam()));
+    // Colours 0 (ranks 0, 2, 4) and 1 (ranks 1, 3); key reverses the order inside each group.
+    auto group = world->split(rank % 2, -rank, optionsFor(GetParam()));
+    ASSERT_NE(group, nullptr);
+    const int groupSize = rank % 2 ? 2 : 3;
+    EXPECT_EQ(group->size(), groupSize);
+    int64_t value = rank + 1;
+    group->allreduce(&value, &value, 1, DType::I64, ReduceOp::Sum)->wait();
+    EXPECT_EQ(value, rank % 2 ? 2 + 4 : 1 + 3 + 5);
+    // Highest old rank first: key = -rank.
+    const int expectedRank = rank % 2 ? (rank == 3 ? 0 : 1) : (4 - rank) / 2;
+    EXPECT_EQ(group->rank(), expectedRank);
+    // The world group still works after the split.
+    world->barrier()->wait();
+    auto none = world->split(rank == 0 ? -1 : 0, 0, optionsFor(GetParam()));
+    EXPECT_EQ(none == nullptr, rank == 0);
+  });
+}
+
+TEST_P(CommunicatorTest, SendAndReceiveBetweenPairs) {
+  auto store = std::make_shared<store::MemoryStore>();
+  constexpr int kSize = 4;
+  runRanks(kSize, [&](int rank) {
+    auto comm = Communicator::create(store, rank, kSize, optionsFor(GetParam()));
+    std::vector<int32_t> out(777), in(777);
+    std::iota(out.begin(), out.end(), rank * 1000);
+    const int peer = rank ^ 1;
+    // Lower rank sends first so the exchange is safe for any transport buffering.
+    if (rank < peer) {
+      comm->send(out.data(), out.size(), DType::I32, peer, 5)->wait();
+      comm->recv(in.data(), in.size(), DType::I32, peer, 5)->wait();
+    } else {
+      comm->recv(in.data(), in.size(), DType::I32, peer, 5)->wait();
+      comm->send(out.data(), out.size(), DType::I32, peer, 5)->wait();
+    }
+    for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(in[i], int32_t(peer * 1000 + i));
+  });
+}
+
+TEST_P(CommunicatorTest, MismatchFailsEveryRankAndIsLatched) {
+  auto store = std::make_shared<store::MemoryStore>();
+  constexpr int kSize = 3;
+  auto errors = test::runRanksCollect(kSize, [&](int rank) {
+    auto comm = Communicator::create(store, rank, kSize, optionsFor(GetParam()));
+    std::vector<float> buf(100);
+    const size_t count = rank == 1 ? 50 : 100;  // rank 1 disagrees
+    const auto start = Clock::now();
+    auto work = comm->allreduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::Sum);
+    EXPECT_THROW(work->wait(), Error);
+    EXPECT_LT(secondsSince(start), 8.0);
+    // Every later operation reports the same failure at once.
+    EXPECT_THROW(comm->barrier()->wait(), Error);
+  });
+  for (auto& e : errors) EXPECT_EQ(e, nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CommunicatorTest, ::testing::Values("auto", "tcp"));
+
+TEST(Communicator, RefusesUnknownTransport) {
+  auto store = std::make_shared<store::MemoryStore>();
+  try {
+    Communicator::create(store, 0, 1, optionsFor("carrier-pigeon"));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("carrier-pigeon"), std::string::npos);
+  }
+}
+
+TEST(Communicator, WaitTimesOutWhileAPeerIsMissing) {
+  auto store = std::make_shared<store::MemoryStore>();
+  // Two ranks form the group, then only rank 0 calls barrier: its wait times out, it does not hang.
+  auto errors = test::runRanksCollect(2, [&](int rank) {
+    GroupOptions o = optionsFor("auto");
+    o.timeout = Millis(1500);
+    auto comm = Communicator::create(store, rank, 2, o);
+    if (rank == 0) {
+      const auto start = Clock::now();
+      EXPECT_THROW(comm->barrier()->wait(Millis(5000)), Error);
+      EXPECT_LT(secondsSince(start), 5.0);
+    }
+  });
+  for (auto& e : errors) EXPECT_EQ(e, nullptr);
+}
+
+}  // namespace
+}  // namespace hetra::comm

@@ -1,0 +1,149 @@
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "comm/reduce.h"
+
+namespace hetra::comm {
+namespace {
+
+// Scalar reference: every element converted to double, reduced, converted back to the dtype.
+double load(DType d, const std::vector<uint8_t>& b, size_t i) {
+  switch (d) {
+    case DType::F32: return reinterpret_cast<const float*>(b.data())[i];
+    case DType::F64: return reinterpret_cast<const double*>(b.data())[i];
+    case DType::F16: return hetra::halfToFloat(reinterpret_cast<const uint16_t*>(b.data())[i]);
+    case DType::BF16: return hetra::bfloat16ToFloat(reinterpret_cast<const uint16_t*>(b.data())[i]);
+    case DType::I32: return reinterpret_cast<const int32_t*>(b.data())[i];
+    case DType::I64: return double(reinterpret_cast<const int64_t*>(b.data())[i]);
+    case DType::U8: return b[i];
+  }
+  return 0;
+}
+
+void store(DType d, std::vector<uint8_t>& b, size_t i, double v) {
+  switch (d) {
+    case DType::F32: reinterpret_cast<float*>(b.data())[i] = float(v); break;
+    case DType::F64: reinterpret_cast<double*>(b.data())[i] = v; break;
+    case DType::F16: reinterpret_cast<uint16_t*>(b.data())[i] = hetra::floatToHalf(float(v)); break;
+    case DType::BF16: reinterpret_cast<uint16_t*>(b.data())[i] = hetra::floatToBFloat16(float(v)); break;
+    case DType::I32: reinterpret_cast<int32_t*>(b.data())[i] = int32_t(v); break;
+    case DType::I64: reinterpret_cast<int64_t*>(b.data())[i] = int64_t(v); break;
+    case DType::U8: b[i] = uint8_t(v); break;
+  }
+}
+
+class ReduceTest : public ::testing::TestWithParam<std::tuple<DType, ReduceOp>> {};
+
+TEST_P(ReduceTest, ManySourcesMatchScalarReference) {
+  const auto [dtype, op] = GetParam();
+  std::mt19937 rng(11);
+  for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(513), size_t(4099), size_t(70001)}) {
+    for (int n : {1, 2, 3, 5}) {
+      std::vector<std::vector<uint8_t>> srcs(n, std::vector<uint8_t>(count * dtypeSize(dtype) + 1));
+      for (int k = 0; k < n; ++k)
+        for (size_t i = 0; i < count; ++i)
+          store(dtype, srcs[k], i, dtype == DType::U8 ? double(rng() % 50) : double(int(rng() % 200) - 100) * 0.5);
+      std::vector<const void*> ptrs;
+      for (auto& s : srcs) ptrs.push_back(s.data());
+      std::vector<uint8_t> out(count * dtypeSize(dtype) + 1);
+      reduceMany(op, dtype, out.data(), ptrs.data(), n, count);
+      for (size_t i = 0; i < count; ++i) {
+        double want = load(dtype, srcs[0], i);
+        for (int k = 1; k < n; ++k) {
+          const double v = load(dtype, srcs[k], i);
+          want = op == ReduceOp::Min ? std::min(want, v) : op == ReduceOp::Max ? std::max(want, v) : want + v;
+        }
+        std::vector<uint8_t> rounded(16);
+        store(dtype, rounded, 0, want);  // the reference rounds once, as the kernel must
+        ASSERT_EQ(load(dtype, out, i), load(dtype, rounded, 0))
+            << dtypeName(dtype) << " " << reduceOpName(op) << " n=" << n << " count=" << count << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST_P(ReduceTest, InPlaceOnFirstSource) {
+  const auto [dtype, op] = GetParam();
+  const size_t count = 1001;
+  std::vector<uint8_t> a(count * dtypeSize(dtype)), b(count * dtypeSize(dtype));
+  for (size_t i = 0; i < count; ++i) {
+    store(dtype, a, i, double(i % 17));
+    store(dtype, b, i, double((i * 5) % 13));
+  }
+  auto expected = a;
+  for (size_t i = 0; i < count; ++i) {
+    const double x = load(dtype, a, i), y = load(dtype, b, i);
+    store(dtype, expected, i, op == ReduceOp::Min ? std::min(x, y) : op == ReduceOp::Max ? std::max(x, y) : x + y);
+  }
+  reduce(op, dtype, a.data(), a.data(), b.data(), count);
+  EXPECT_EQ(a, expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, ReduceTest,
+                         ::testing::Combine(::testing::ValuesIn(kAllDTypes),
+                                            ::testing::Values(ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max)),
+                         [](const auto& info) {
+                           return std::string(dtypeName(std::get<0>(info.param))) + "_" +
+                                  reduceOpName(std::get<1>(info.param));
+                         });
+
+TEST(Reduce, HalfTypesAccumulateInFloat32) {
+  // 2048 + 1 + 1 in float16: pairwise rounding gives 2048 (the +1 is lost twice); float32
+  // accumulation with one final rounding gives 2050.
+  const uint16_t big = hetra::floatToHalf(2048.0f), one = hetra::floatToHalf(1.0f);
+  const void* srcs[3] = {&big, &one, &one};
+  uint16_t out = 0;
+  reduceMany(ReduceOp::Sum, DType::F16, &out, srcs, 3, 1);
+  EXPECT_EQ(hetra::halfToFloat(out), 2050.0f);
+}
+
+TEST(Reduce, NaNPropagatesThroughMinAndMax) {
+  const float a[2] = {NAN, 1.0f}, b[2] = {0.0f, NAN};
+  float out[2];
+  reduce(ReduceOp::Min, DType::F32, out, a, b, 2);
+  EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out[1]));
+  reduce(ReduceOp::Max, DType::F32, out, a, b, 2);
+  EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out[1]));
+}
+
+TEST(Reduce, DivideForAverage) {
+  std::vector<float> f = {3, 6, 9};
+  divide(DType::F32, f.data(), 3, 3);
+  EXPECT_EQ(f, (std::vector<float>{1, 2, 3}));
+  std::vector<int32_t> i = {-7, 7};
+  divide(DType::I32, i.data(), 2, 2);
+  EXPECT_EQ(i, (std::vector<int32_t>{-3, 3}));
+  std::vector<uint16_t> h = {hetra::floatToHalf(5.0f)};
+  divide(DType::F16, h.data(), 1, 2);
+  EXPECT_EQ(hetra::halfToFloat(h[0]), 2.5f);
+}
+
+TEST(Reduce, BulkConversionsMatchScalar) {
+  std::mt19937 rng(3);
+  std::vector<float> f(1037);
+  for (auto& x : f) x = std::ldexp(float(int(rng() % 20000) - 10000), int(rng() % 40) - 30);
+  f[5] = NAN;
+  f[6] = INFINITY;
+  std::vector<uint16_t> h(f.size()), b(f.size());
+  floatToHalf(f.data(), h.data(), f.size());
+  floatToBFloat16(f.data(), b.data(), f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (std::isnan(f[i])) {
+      EXPECT_TRUE(std::isnan(hetra::halfToFloat(h[i])));
+      EXPECT_TRUE(std::isnan(hetra::bfloat16ToFloat(b[i])));
+      continue;
+    }
+    ASSERT_EQ(h[i], hetra::floatToHalf(f[i])) << i;
+    ASSERT_EQ(b[i], hetra::floatToBFloat16(f[i])) << i;
+  }
+  std::vector<float> back(f.size());
+  halfToFloat(h.data(), back.data(), h.size());
+  for (size_t i = 0; i < f.size(); ++i)
+    if (!std::isnan(f[i])) ASSERT_EQ(back[i], hetra::halfToFloat(h[i]));
+}
+
+}  // namespace
+}  // namespace hetra::comm

@@ -1,0 +1,33 @@
+// `hetra bench <collective>`: collective benchmarks in the style of NVIDIA's nccl-tests.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/reduce.h"
+#include "common/dtype.h"
+
+namespace hetra::cli {
+
+struct BenchOptions {
+  std::string collective;  // allreduce | reducescatter | allgather | broadcast
+  size_t minBytes = 8;
+  size_t maxBytes = 64 << 20;
+  double factor = 4;
+  int warmup = 5;
+  int iters = 20;
+  bool check = true;
+  DType dtype = DType::F32;
+  comm::ReduceOp op = comm::ReduceOp::Sum;
+  std::string transport = "auto";
+  std::string jsonPath;
+  int timeoutMs = 60000;
+};
+
+// Runs the benchmark as one rank of a job described by the environment (rank 0 prints the table).
+int runBenchRank(const BenchOptions& options);
+
+// "8", "4K", "1M", "64M", "1G" (powers of 1024) to bytes; throws ConfigError naming the value.
+size_t parseSize(const std::string& text);
+
+}  // namespace hetra::cli

@@ -1,0 +1,133 @@
+#include "launch.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <random>
+#include <thread>
+
+#include "common/errors.h"
+#include "common/logging.h"
+#include "common/params.h"
+#include "store/tcp_store.h"
+
+namespace hetra::cli {
+namespace {
+
+const Param kRank("HETRA_RANK", "", "This process's rank in the job (set by the launcher).");
+const Param kWorldSize("HETRA_WORLD_SIZE", "", "Number of ranks in the job (set by the launcher).");
+const Param kLocalRank("HETRA_LOCAL_RANK", "0", "This process's rank among the ranks of its host.");
+const Param kStore("HETRA_STORE", "", "host:port of the job's TCP store; rank 0 serves it.");
+const Param kStoreExternal("HETRA_STORE_EXTERNAL", "0",
+                           "1 when the launcher serves the store (rank 0 then only connects).");
+const Param kJobId("HETRA_JOB_ID", "job", "Prefix of this job's keys in the store.");
+
+int parseRankNumber(const Param& param) {
+  const int64_t value = param.integer();
+  if (value < 0 || value > 1 << 20)
+    throw ConfigError(str(param.env(), "=", value, " is out of range; allowed: 0 to 1048576"));
+  return int(value);
+}
+
+std::string randomJobId() {
+  std::random_device device;
+  return str("job-", std::hex, device(), device());
+}
+
+}  // namespace
+
+std::optional<RankContext> rankFromEnvironment() {
+  if (kRank.str().empty()) return std::nullopt;
+  RankContext context;
+  context.rank = parseRankNumber(kRank);
+  if (kWorldSize.str().empty()) throw ConfigError("HETRA_RANK is set but HETRA_WORLD_SIZE is not");
+  context.worldSize = parseRankNumber(kWorldSize);
+  if (context.worldSize < 1 || context.rank >= context.worldSize)
+    throw ConfigError(str("HETRA_RANK=", context.rank, " is not below HETRA_WORLD_SIZE=", context.worldSize));
+  context.localRank = parseRankNumber(kLocalRank);
+  context.storeAddress = kStore.str();
+  if (context.storeAddress.empty() && context.worldSize > 1)
+    throw ConfigError("HETRA_RANK is set but HETRA_STORE (host:port of the job's store) is not");
+  context.storeExternal = kStoreExternal.flag();
+  context.jobId = kJobId.str();
+  return context;
+}
+
+std::shared_ptr<store::Store> connectJobStore(const RankContext& context, Millis timeout,
+                                              std::shared_ptr<void>* server) {
+  std::shared_ptr<store::Store> base;
+  if (context.worldSize == 1 && context.storeAddress.empty()) {
+    base = std::make_shared<store::MemoryStore>();
+  } else {
+    std::unique_ptr<store::TcpStoreServer> served;
+    // Rank 0 serves unless the launcher does.
+    base = store::connectStore(context.storeAddress, context.storeExternal ? -1 : context.rank,
+                               timeout, &served);
+    if (served) *server = std::shared_ptr<store::TcpStoreServer>(std::move(served));
+  }
+  return std::make_shared<store::PrefixStore>(context.jobId, base);
+}
+
+int spawnLocalRanks(int np, const std::vector<std::string>& argv, Millis failureGrace) {
+  HETRA_ENFORCE(np >= 1, "--np must be at least 1, got ", np);
+  store::TcpStoreServer server("127.0.0.1", 0);
+  const std::string storeAddress = str("127.0.0.1:", server.port());
+  const std::string jobId = randomJobId();
+
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < np; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) throw IoError(str("fork failed for rank ", rank));
+    if (pid == 0) {
+      setenv("HETRA_RANK", std::to_string(rank).c_str(), 1);
+      setenv("HETRA_WORLD_SIZE", std::to_string(np).c_str(), 1);
+      setenv("HETRA_LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      setenv("HETRA_STORE", storeAddress.c_str(), 1);
+      setenv("HETRA_STORE_EXTERNAL", "1", 1);
+      setenv("HETRA_JOB_ID", jobId.c_str(), 1);
+      std::vector<char*> args;
+      for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+      args.push_back(nullptr);
+      execv("/proc/self/exe", args.data());
+      _exit(127);
+    }
+    children.push_back(pid);
+  }
+
+  int firstFailure = 0;
+  std::optional<Deadline> killAt;
+  size_t running = children.size();
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, killAt ? WNOHANG : 0);
+    if (pid > 0) {
+      --running;
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      for (size_t r = 0; r < children.size(); ++r) {
+        if (children[r] != pid) continue;
+        children[r] = -1;
+        if (code != 0) {
+          HETRA_ERROR("cli", "rank ", r, " (pid ", pid, ") exited with status ", code);
+          if (firstFailure == 0) {
+            firstFailure = code;
+            killAt = deadlineAfter(failureGrace);
+          }
+        }
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    if (killAt && Clock::now() >= *killAt) {
+      for (pid_t child : children)
+        if (child > 0) kill(child, SIGKILL);
+      killAt.reset();
+    } else if (pid == 0) {
+      std::this_thread::sleep_for(Millis(20));
+    }
+  }
+  return firstFailure;
+}
+
+}  // namespace hetra::cli
