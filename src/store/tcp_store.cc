@@ -1,0 +1,857 @@
+// TcpStore wire protocol and server loop; see tcp_store.h for the vocabulary (frame, request,
+// reply, waiter). Requests: op (u8) then fields; strings and byte values are u32 length + bytes,
+// integers u64. Replies: status (u8: ok, timeout, failed + message) then the op's result.
+#include "store/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <list>
+#include <map>
+#include <thread>
+
+#include "common/errors.h"
+#include "common/logging.h"
+
+namespace hetra::store {
+namespace {
+
+constexpr uint32_t kMagic = 0x31535448;  // "HTS1" on the wire
+constexpr size_t kHeaderBytes = 8;
+constexpr uint32_t kMaxPayload = 64u << 20;
+constexpr size_t kReadChunk = 64u << 10;
+// The server answers "timed out" at a get/wait's deadline; the client waits this much longer before
+// deciding the server is stuck.
+constexpr Millis kReplyGrace{1000};
+// Longer waits are clamped so deadlines never overflow.
+constexpr uint64_t kMaxWaitMs = uint64_t(30) * 24 * 3600 * 1000;
+
+enum class Op : uint8_t { Set = 1, Get, Add, CompareSet, Wait, Check, Delete };
+enum class Status : uint8_t { Ok = 0, Timeout = 1, Failed = 2 };
+
+// A peer sent bytes that are not a valid frame or request.
+class ProtocolError : public Error {
+ public:
+  using Error::Error;
+};
+
+uint32_t loadU32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+class Writer {
+ public:
+  Writer& u8(uint8_t v) {
+    out_.push_back(v);
+    return *this;
+  }
+  Writer& u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) out_.push_back(uint8_t(v >> (8 * i)));
+    return *this;
+  }
+  Writer& u64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) out_.push_back(uint8_t(v >> (8 * i)));
+    return *this;
+  }
+  Writer& bytes(const uint8_t* data, size_t size) {
+    HETRA_ENFORCE_LE(size, size_t(UINT32_MAX), "store field too large");
+    u32(uint32_t(size));
+    out_.insert(out_.end(), data, data + size);
+    return *this;
+  }
+  Writer& bytes(const Bytes& b) { return bytes(b.data(), b.size()); }
+  Writer& string(const std::string& s) {
+    return bytes(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  }
+  Writer& strings(const std::vector<std::string>& keys) {
+    u32(uint32_t(keys.size()));
+    for (const auto& key : keys) string(key);
+    return *this;
+  }
+  Bytes take() { return std::move(out_); }
+
+ private:
+  Bytes out_;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t u8() { return take(1)[0]; }
+  uint32_t u32() { return loadU32(take(4)); }
+  uint64_t u64() {
+    const uint8_t* p = take(8);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= uint64_t(p[i]) << (8 * i);
+    return v;
+  }
+  Bytes bytes() {
+    const uint32_t size = u32();
+    const uint8_t* p = take(size);
+    return Bytes(p, p + size);
+  }
+  std::string string() {
+    const uint32_t size = u32();
+    const uint8_t* p = take(size);
+    return std::string(reinterpret_cast<const char*>(p), size);
+  }
+  std::vector<std::string> strings() {
+    const uint32_t count = u32();
+    // Each string takes at least its 4-byte length: bounds the reservation by the frame size.
+    if (count > (size_ - pos_) / 4)
+      throw ProtocolError(str("key count ", count, " exceeds the frame"));
+    std::vector<std::string> out;
+    out.reserve(count);
+    for (uint32_t i = 0; i < count; ++i) out.push_back(string());
+    return out;
+  }
+  void end() const {
+    if (pos_ != size_) throw ProtocolError(str(size_ - pos_, " trailing bytes in a frame"));
+  }
+
+ private:
+  const uint8_t* take(size_t n) {
+    if (n > size_ - pos_) throw ProtocolError(str("frame truncated: need ", n, " more bytes"));
+    const uint8_t* p = data_ + pos_;
+    pos_ += n;
+    return p;
+  }
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+Bytes makeFrame(const Bytes& payload) {
+  Writer w;
+  w.u32(kMagic).u32(uint32_t(payload.size()));
+  Bytes frame = w.take();
+  frame.insert(frame.end(), payload.begin(), payload.end());
+  return frame;
+}
+
+uint64_t clampMs(Millis timeout) {
+  return timeout.count() <= 0 ? 0 : std::min<uint64_t>(uint64_t(timeout.count()), kMaxWaitMs);
+}
+
+std::string errnoText(int err) {
+  return std::strerror(err);
+}
+
+void setNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// Milliseconds until `deadline`, rounded up so that poll() never returns just before it.
+int pollMillis(Deadline deadline) {
+  const auto left = std::chrono::ceil<Millis>(deadline - Clock::now()).count();
+  return int(std::clamp<int64_t>(left, 0, INT_MAX));
+}
+
+std::string peerName(const sockaddr* addr, socklen_t len) {
+  char host[NI_MAXHOST];
+  char port[NI_MAXSERV];
+  if (::getnameinfo(addr, len, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "?";
+  return str(host, ":", port);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+struct TcpStoreServer::Impl {
+  struct Connection {
+    int fd = -1;
+    std::string peer;
+    Bytes in;   // received bytes not yet parsed
+    Bytes out;  // reply bytes not yet sent
+    size_t outSent = 0;
+    bool parked = false;  // a waiter of this connection is pending: later frames wait
+    bool closed = false;
+  };
+  struct Waiter {
+    uint64_t conn;
+    Op op;
+    std::vector<std::string> keys;
+    Deadline deadline;
+  };
+
+  std::string host;
+  int port = 0;
+  int listenFd = -1;
+  int wakeRead = -1;
+  int wakeWrite = -1;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+
+  // Everything below belongs to the server thread.
+  std::map<std::string, Bytes> values;
+  std::map<uint64_t, Connection> conns;
+  std::list<Waiter> waiters;
+  uint64_t nextConn = 1;
+  bool changed = false;  // a key was written since waiters were last checked
+
+  void run();
+  void loop();
+  void acceptAll();
+  void readFrom(Connection& c);
+  void processFrames(uint64_t id, Connection& c);
+  void handle(uint64_t id, Connection& c, Reader& r);
+  void reply(Connection& c, Status status, const Bytes& body);
+  void flush(Connection& c);
+  void settle(std::vector<uint64_t> resumed);
+  void expireWaiters();
+  void closeConnection(Connection& c, const std::string& why);
+  bool present(const std::vector<std::string>& keys) const {
+    for (const auto& key : keys)
+      if (!values.count(key)) return false;
+    return true;
+  }
+  void answerWaiter(Connection& c, const Waiter& w) {
+    if (w.op == Op::Get)
+      reply(c, Status::Ok, Writer().bytes(values.at(w.keys[0])).take());
+    else
+      reply(c, Status::Ok, {});
+  }
+};
+
+TcpStoreServer::TcpStoreServer(const std::string& host, int port)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->host = host;
+  const bool any = host.empty() || host == "*" || host == "0.0.0.0";
+  addrinfo hints{};
+  hints.ai_family = any ? AF_INET : AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(any ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0)
+    throw IoError(str("store server: cannot resolve ", host, ":", port, ": ", gai_strerror(rc)));
+  std::string lastError = "no address";
+  for (addrinfo* ai = res; ai && impl_->listenFd < 0; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      lastError = errnoText(errno);
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
+      impl_->listenFd = fd;
+    } else {
+      lastError = errnoText(errno);
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(res);
+  if (impl_->listenFd < 0)
+    throw IoError(str("store server: cannot listen on ", host, ":", port, ": ", lastError));
+
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(impl_->listenFd, reinterpret_cast<sockaddr*>(&bound), &len);
+  impl_->port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  int wake[2];
+  if (::pipe2(wake, O_NONBLOCK | O_CLOEXEC) != 0) {
+    ::close(impl_->listenFd);
+    throw IoError(str("store server: pipe: ", errnoText(errno)));
+  }
+  impl_->wakeRead = wake[0];
+  impl_->wakeWrite = wake[1];
+  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+  HETRA_INFO("store", "store server listening on ", host, ":", impl_->port);
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  impl_->stop = true;
+  const char byte = 1;
+  [[maybe_unused]] auto ignored = ::write(impl_->wakeWrite, &byte, 1);
+  impl_->thread.join();
+  for (auto& [id, c] : impl_->conns)
+    if (!c.closed) ::close(c.fd);
+  ::close(impl_->listenFd);
+  ::close(impl_->wakeRead);
+  ::close(impl_->wakeWrite);
+}
+
+int TcpStoreServer::port() const {
+  return impl_->port;
+}
+const std::string& TcpStoreServer::host() const {
+  return impl_->host;
+}
+
+void TcpStoreServer::Impl::run() {
+  try {
+    loop();
+  } catch (const std::exception& e) {
+    // Closing every connection turns the failure into IoError on the clients instead of timeouts.
+    HETRA_ERROR("store", "store server on ", host, ":", port, " stopped: ", e.what());
+    for (auto& [id, c] : conns)
+      if (!c.closed) closeConnection(c, "");
+  }
+}
+
+void TcpStoreServer::Impl::loop() {
+  std::vector<pollfd> fds;
+  std::vector<uint64_t> ids;
+  while (!stop.load()) {
+    fds.assign({{wakeRead, POLLIN, 0}, {listenFd, POLLIN, 0}});
+    ids.clear();
+    for (auto& [id, c] : conns) {
+      const short events = POLLIN | (c.outSent < c.out.size() ? POLLOUT : 0);
+      fds.push_back({c.fd, events, 0});
+      ids.push_back(id);
+    }
+    int timeoutMs = -1;
+    for (const auto& w : waiters) {
+      const int ms = pollMillis(w.deadline);
+      timeoutMs = timeoutMs < 0 ? ms : std::min(timeoutMs, ms);
+    }
+    if (::poll(fds.data(), fds.size(), timeoutMs) < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(str("poll: ", errnoText(errno)));
+    }
+    if (fds[0].revents) {
+      char buf[64];
+      while (::read(wakeRead, buf, sizeof(buf)) > 0) {
+      }
+    }
+    if (stop.load()) break;
+    if (fds[1].revents & POLLIN) acceptAll();
+
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const short revents = fds[i + 2].revents;
+      if (!revents) continue;
+      Connection& c = conns.at(ids[i]);
+      if (!c.closed && (revents & POLLOUT)) flush(c);
+      if (!c.closed && (revents & (POLLIN | POLLHUP | POLLERR))) readFrom(c);
+      if (!c.closed) processFrames(ids[i], c);
+    }
+    settle({});
+    expireWaiters();
+
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (!it->second.closed) {
+        ++it;
+        continue;
+      }
+      const uint64_t id = it->first;
+      waiters.remove_if([id](const Waiter& w) { return w.conn == id; });
+      it = conns.erase(it);
+    }
+  }
+}
+
+void TcpStoreServer::Impl::acceptAll() {
+  for (;;) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    const int fd =
+        ::accept4(listenFd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        HETRA_WARN("store", "store server accept: ", errnoText(errno));
+      return;
+    }
+    setNoDelay(fd);
+    Connection c;
+    c.fd = fd;
+    c.peer = peerName(reinterpret_cast<sockaddr*>(&addr), len);
+    HETRA_DEBUG("store", "store server: connection from ", c.peer);
+    conns.emplace(nextConn++, std::move(c));
+  }
+}
+
+void TcpStoreServer::Impl::readFrom(Connection& c) {
+  // A well-behaved client has at most one request in flight, so more than one maximal frame
+  // buffered means a flood: refuse it rather than buffer without bound.
+  constexpr size_t kMaxBuffered = kHeaderBytes + kMaxPayload + kReadChunk;
+  for (;;) {
+    if (c.in.size() > kMaxBuffered) {
+      closeConnection(c, str("client sent over ", kMaxBuffered, " bytes ahead of its replies"));
+      return;
+    }
+    const size_t old = c.in.size();
+    c.in.resize(old + kReadChunk);
+    const ssize_t n = ::recv(c.fd, c.in.data() + old, kReadChunk, 0);
+    c.in.resize(old + std::max<ssize_t>(n, 0));
+    if (n > 0) continue;
+    if (n == 0) {
+      closeConnection(c, "");
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      HETRA_DEBUG("store", "store server: connection from ", c.peer, ": ", errnoText(errno));
+      closeConnection(c, "");
+    }
+    return;
+  }
+}
+
+void TcpStoreServer::Impl::processFrames(uint64_t id, Connection& c) {
+  size_t pos = 0;
+  // One request at a time per connection: a parked waiter or an unsent reply holds later frames
+  // back (backpressure on clients that do not read their replies).
+  while (!c.closed && !c.parked && c.outSent == c.out.size()) {
+    if (c.in.size() - pos < kHeaderBytes) break;
+    const uint32_t magic = loadU32(&c.in[pos]);
+    const uint32_t length = loadU32(&c.in[pos + 4]);
+    if (magic != kMagic) {
+      closeConnection(c,
+                      str("bad frame magic 0x", std::hex, magic, " (not a hetra store client?)"));
+      return;
+    }
+    if (length > kMaxPayload) {
+      closeConnection(c,
+                      str("frame of ", length, " bytes exceeds the ", kMaxPayload, " byte limit"));
+      return;
+    }
+    if (c.in.size() - pos - kHeaderBytes < length) break;
+    Reader r(c.in.data() + pos + kHeaderBytes, length);
+    pos += kHeaderBytes + length;
+    try {
+      handle(id, c, r);
+    } catch (const ProtocolError& e) {
+      closeConnection(c, str("malformed request: ", e.what()));
+      return;
+    }
+  }
+  c.in.erase(c.in.begin(), c.in.begin() + pos);
+}
+
+void TcpStoreServer::Impl::handle(uint64_t id, Connection& c, Reader& r) {
+  const uint8_t op = r.u8();
+  switch (Op(op)) {
+    case Op::Set: {
+      std::string key = r.string();
+      Bytes value = r.bytes();
+      r.end();
+      values[std::move(key)] = std::move(value);
+      changed = true;
+      reply(c, Status::Ok, {});
+      return;
+    }
+    case Op::Get:
+    case Op::Wait: {
+      const uint64_t ms = std::min(r.u64(), kMaxWaitMs);
+      std::vector<std::string> keys;
+      if (Op(op) == Op::Get)
+        keys.push_back(r.string());
+      else
+        keys = r.strings();
+      r.end();
+      Waiter w{id, Op(op), std::move(keys), deadlineAfter(Millis(ms))};
+      if (present(w.keys)) {
+        answerWaiter(c, w);
+      } else {
+        c.parked = true;
+        waiters.push_back(std::move(w));
+      }
+      return;
+    }
+    case Op::Add: {
+      const std::string key = r.string();
+      const int64_t delta = int64_t(r.u64());
+      r.end();
+      int64_t result = 0;
+      try {
+        auto it = values.find(key);
+        const int64_t current = it == values.end() ? 0 : parseInteger(it->second);
+        if (__builtin_add_overflow(current, delta, &result))
+          throw Error(str("store add on '", key, "' overflows int64"));
+      } catch (const Error& e) {
+        reply(c, Status::Failed, Writer().string(e.what()).take());
+        return;
+      }
+      values[key] = integerBytes(result);
+      changed = true;
+      reply(c, Status::Ok, Writer().u64(uint64_t(result)).take());
+      return;
+    }
+    case Op::CompareSet: {
+      const std::string key = r.string();
+      const Bytes expected = r.bytes();
+      Bytes desired = r.bytes();
+      r.end();
+      auto it = values.find(key);
+      const bool matches = it == values.end() ? expected.empty() : it->second == expected;
+      if (matches) {
+        values[key] = std::move(desired);
+        changed = true;
+      }
+      it = values.find(key);
+      reply(c, Status::Ok, Writer().bytes(it == values.end() ? Bytes{} : it->second).take());
+      return;
+    }
+    case Op::Check: {
+      const auto keys = r.strings();
+      r.end();
+      reply(c, Status::Ok, Writer().u8(present(keys)).take());
+      return;
+    }
+    case Op::Delete: {
+      const std::string key = r.string();
+      r.end();
+      reply(c, Status::Ok, Writer().u8(values.erase(key) > 0).take());
+      return;
+    }
+  }
+  throw ProtocolError(str("unknown opcode ", int(op)));
+}
+
+void TcpStoreServer::Impl::reply(Connection& c, Status status, const Bytes& body) {
+  Bytes payload;
+  payload.reserve(body.size() + 1);
+  payload.push_back(uint8_t(status));
+  payload.insert(payload.end(), body.begin(), body.end());
+  const Bytes frame = makeFrame(payload);
+  c.out.insert(c.out.end(), frame.begin(), frame.end());
+  flush(c);
+}
+
+void TcpStoreServer::Impl::flush(Connection& c) {
+  while (c.outSent < c.out.size()) {
+    const ssize_t n = ::send(c.fd, c.out.data() + c.outSent, c.out.size() - c.outSent,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.outSent += size_t(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;
+    } else {
+      HETRA_DEBUG("store", "store server: send to ", c.peer, ": ", errnoText(errno));
+      closeConnection(c, "");
+      return;
+    }
+  }
+  c.out.clear();
+  c.outSent = 0;
+}
+
+// Answers the waiters whose keys now exist and resumes their connections, until nothing changes.
+void TcpStoreServer::Impl::settle(std::vector<uint64_t> resumed) {
+  for (;;) {
+    if (changed) {
+      changed = false;
+      for (auto it = waiters.begin(); it != waiters.end();) {
+        Connection& c = conns.at(it->conn);
+        if (c.closed || !present(it->keys)) {
+          ++it;
+          continue;
+        }
+        answerWaiter(c, *it);
+        c.parked = false;
+        resumed.push_back(it->conn);
+        it = waiters.erase(it);
+      }
+    }
+    if (resumed.empty()) return;
+    const std::vector<uint64_t> batch = std::move(resumed);
+    resumed.clear();
+    for (uint64_t id : batch) {
+      Connection& c = conns.at(id);
+      if (!c.closed) processFrames(id, c);
+    }
+  }
+}
+
+void TcpStoreServer::Impl::expireWaiters() {
+  const Deadline now = Clock::now();
+  std::vector<uint64_t> resumed;
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    if (it->deadline > now) {
+      ++it;
+      continue;
+    }
+    Connection& c = conns.at(it->conn);
+    if (!c.closed) {
+      reply(c, Status::Timeout, {});
+      c.parked = false;
+      resumed.push_back(it->conn);
+    }
+    it = waiters.erase(it);
+  }
+  settle(std::move(resumed));
+}
+
+void TcpStoreServer::Impl::closeConnection(Connection& c, const std::string& why) {
+  if (c.closed) return;
+  if (!why.empty())
+    HETRA_WARN("store", "store server: closing connection from ", c.peer, ": ", why);
+  ::close(c.fd);
+  c.closed = true;
+  c.parked = false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+TcpStore::TcpStore(std::string host, int port, Millis timeout)
+    : host_(std::move(host)), port_(port), timeout_(timeout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  connectUntil(deadlineAfter(timeout_));
+}
+
+TcpStore::~TcpStore() {
+  closeSocket();
+}
+
+std::string TcpStore::address() const {
+  return host_.find(':') != std::string::npos ? str("[", host_, "]:", port_)
+                                              : str(host_, ":", port_);
+}
+
+void TcpStore::closeSocket() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void TcpStore::connectUntil(Deadline deadline) {
+  std::string lastError = "no attempt";
+  Millis backoff{5};
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const std::string service = std::to_string(port_);
+    const int rc = ::getaddrinfo(host_.c_str(), service.c_str(), &hints, &res);
+    if (rc != 0) lastError = gai_strerror(rc);
+    for (addrinfo* ai = rc == 0 ? res : nullptr; ai; ai = ai->ai_next) {
+      const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) {
+        lastError = errnoText(errno);
+        continue;
+      }
+      int err = 0;
+      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        err = errno;
+        if (err == EINPROGRESS) {
+          pollfd p{fd, POLLOUT, 0};
+          const int ready = ::poll(&p, 1, std::max(1, std::min(pollMillis(deadline), 1000)));
+          socklen_t len = sizeof(err);
+          if (ready == 1)
+            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+          else
+            err = ready == 0 ? ETIMEDOUT : errno;
+        }
+      }
+      if (err == 0) {
+        setNoDelay(fd);
+        fd_ = fd;
+        ::freeaddrinfo(res);
+        return;
+      }
+      lastError = errnoText(err);
+      ::close(fd);
+    }
+    if (rc == 0) ::freeaddrinfo(res);
+    const Millis left = remaining(deadline);
+    if (left.count() <= 0)
+      throw TimeoutError(str("store: could not connect to ", address(), " within ",
+                             timeout_.count(), " ms (last error: ", lastError, ")"));
+    std::this_thread::sleep_for(std::min(backoff, left));
+    backoff = std::min(backoff * 2, Millis(200));
+  }
+}
+
+Bytes TcpStore::request(const Bytes& payload, Millis waitTimeout, const char* what,
+                        const std::vector<std::string>& keys) {
+  // The server would drop the connection on a larger frame; say why here instead.
+  if (payload.size() > kMaxPayload)
+    throw Error(str("store ", what, " of ", describeKeys(keys), ": request of ", payload.size(),
+                    " bytes exceeds the ", kMaxPayload, " byte frame limit"));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!broken_.empty()) throw IoError(str(broken_, "; store ", what, " failed"));
+  // A socket closed after a client-side timeout (stream out of step) is reopened here.
+  if (fd_ < 0) connectUntil(deadlineAfter(timeout_));
+
+  const bool waits = waitTimeout.count() >= 0;
+  const Millis replyTimeout = waits ? waitTimeout + kReplyGrace : timeout_;
+  const Deadline deadline = deadlineAfter(replyTimeout);
+  auto timedOut = [&]() -> TimeoutError {
+    closeSocket();
+    if (waits)
+      return TimeoutError(str("store ", what, " on ", address(), " timed out after ",
+                              waitTimeout.count(), " ms for keys ", describeKeys(keys),
+                              " (server did not answer)"));
+    return TimeoutError(str("store ", what, " of '", describeKeys(keys), "' on ", address(),
+                            " got no reply within ", replyTimeout.count(), " ms"));
+  };
+  auto serverGone = [&](const std::string& detail) -> IoError {
+    broken_ = str("store server ", address(), " closed the connection (", detail, ")");
+    closeSocket();
+    return IoError(str(broken_, " during ", what, " of ", describeKeys(keys)));
+  };
+  auto waitFor = [&](short events) {
+    for (;;) {
+      pollfd p{fd_, events, 0};
+      const int ready = ::poll(&p, 1, pollMillis(deadline));
+      if (ready > 0) return;
+      if (ready == 0 && Clock::now() >= deadline) throw timedOut();
+      if (ready < 0 && errno != EINTR) throw serverGone(str("poll: ", errnoText(errno)));
+    }
+  };
+  auto receive = [&](uint8_t* data, size_t size) {
+    size_t got = 0;
+    while (got < size) {
+      const ssize_t n = ::recv(fd_, data + got, size - got, 0);
+      if (n > 0)
+        got += size_t(n);
+      else if (n == 0)
+        throw serverGone("end of stream");
+      else if (errno == EAGAIN || errno == EWOULDBLOCK)
+        waitFor(POLLIN);
+      else if (errno != EINTR)
+        throw serverGone(errnoText(errno));
+    }
+  };
+
+  const Bytes frame = makeFrame(payload);
+  for (size_t sent = 0; sent < frame.size();) {
+    const ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+    if (n > 0)
+      sent += size_t(n);
+    else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      waitFor(POLLOUT);
+    else if (n < 0 && errno != EINTR)
+      throw serverGone(errnoText(errno));
+  }
+
+  uint8_t header[kHeaderBytes];
+  receive(header, kHeaderBytes);
+  const uint32_t length = loadU32(header + 4);
+  if (loadU32(header) != kMagic || length == 0 || length > kMaxPayload)
+    throw serverGone("reply is not a hetra store frame");
+  Bytes reply(length);
+  receive(reply.data(), length);
+  switch (Status(reply[0])) {
+    case Status::Ok:
+      return Bytes(reply.begin() + 1, reply.end());
+    case Status::Timeout:
+      throw TimeoutError(str("store ", what, " on ", address(), " timed out after ",
+                             waitTimeout.count(), " ms for keys ", describeKeys(keys)));
+    case Status::Failed: {
+      Reader r(reply.data() + 1, reply.size() - 1);
+      throw Error(r.string());
+    }
+  }
+  throw serverGone(str("unknown reply status ", int(reply[0])));
+}
+
+void TcpStore::set(const std::string& key, const Bytes& value) {
+  request(Writer().u8(uint8_t(Op::Set)).string(key).bytes(value).take(), Millis(-1), "set", {key});
+}
+
+Bytes TcpStore::get(const std::string& key, Millis timeout) {
+  timeout = std::max(timeout, Millis(0));
+  const Bytes body = request(Writer().u8(uint8_t(Op::Get)).u64(clampMs(timeout)).string(key).take(),
+                             timeout, "get", {key});
+  Reader r(body.data(), body.size());
+  Bytes value = r.bytes();
+  r.end();
+  return value;
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  const Bytes body = request(Writer().u8(uint8_t(Op::Add)).string(key).u64(uint64_t(delta)).take(),
+                             Millis(-1), "add", {key});
+  Reader r(body.data(), body.size());
+  return int64_t(r.u64());
+}
+
+Bytes TcpStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  const Bytes body = request(
+      Writer().u8(uint8_t(Op::CompareSet)).string(key).bytes(expected).bytes(desired).take(),
+      Millis(-1), "compareSet", {key});
+  Reader r(body.data(), body.size());
+  return r.bytes();
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+  timeout = std::max(timeout, Millis(0));
+  request(Writer().u8(uint8_t(Op::Wait)).u64(clampMs(timeout)).strings(keys).take(), timeout,
+          "wait", keys);
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  const Bytes body =
+      request(Writer().u8(uint8_t(Op::Check)).strings(keys).take(), Millis(-1), "check", keys);
+  return !body.empty() && body[0] != 0;
+}
+
+bool TcpStore::deleteKey(const std::string& key) {
+  const Bytes body =
+      request(Writer().u8(uint8_t(Op::Delete)).string(key).take(), Millis(-1), "deleteKey", {key});
+  return !body.empty() && body[0] != 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+HostPort parseHostPort(const std::string& hostPort) {
+  auto bad = [&](const std::string& why) {
+    return ConfigError(str("store address '", hostPort, "' is not host:port (", why,
+                           "); expected e.g. 10.0.0.1:29500 or [::1]:29500"));
+  };
+  HostPort out;
+  std::string portText;
+  if (!hostPort.empty() && hostPort[0] == '[') {
+    const size_t close = hostPort.find(']');
+    if (close == std::string::npos || close + 1 >= hostPort.size() || hostPort[close + 1] != ':')
+      throw bad("unterminated [ipv6] host");
+    out.host = hostPort.substr(1, close - 1);
+    portText = hostPort.substr(close + 2);
+  } else {
+    const size_t colon = hostPort.rfind(':');
+    if (colon == std::string::npos) throw bad("no ':'");
+    out.host = hostPort.substr(0, colon);
+    portText = hostPort.substr(colon + 1);
+    if (out.host.find(':') != std::string::npos) throw bad("write IPv6 hosts as [addr]:port");
+  }
+  if (out.host.empty()) throw bad("empty host");
+  if (portText.empty() || portText.size() > 5 ||
+      portText.find_first_not_of("0123456789") != std::string::npos)
+    throw bad("port is not a number");
+  out.port = std::stoi(portText);
+  if (out.port > 65535) throw bad("port above 65535");
+  return out;
+}
+
+std::shared_ptr<Store> connectStore(const std::string& hostPort, int rank, Millis timeout,
+                                    std::unique_ptr<TcpStoreServer>* serverOut) {
+  const HostPort address = parseHostPort(hostPort);
+  if (rank < 0) throw ConfigError(str("connectStore: rank ", rank, " is negative"));
+  if (rank != 0) return std::make_shared<TcpStore>(address.host, address.port, timeout);
+
+  auto server = std::make_unique<TcpStoreServer>(address.host, address.port);
+  const bool any = address.host == "*" || address.host == "0.0.0.0";
+  auto client =
+      std::make_shared<TcpStore>(any ? "127.0.0.1" : address.host, server->port(), timeout);
+  if (serverOut)
+    *serverOut = std::move(server);
+  else
+    client->adoptServer(std::move(server));
+  return client;
+}
+
+}  // namespace hetra::store
