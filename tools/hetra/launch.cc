@@ -61,11 +61,14 @@ std::shared_ptr<store::Store> connectJobStore(const RankContext& context, Millis
   if (context.worldSize == 1 && context.storeAddress.empty()) {
     base = std::make_shared<store::MemoryStore>();
   } else {
-    std::unique_ptr<store::TcpStoreServer> served;
-    // Rank 0 serves unless the launcher does.
-    base = store::connectStore(context.storeAddress, context.storeExternal ? -1 : context.rank,
-                               timeout, &served);
-    if (served) *server = std::shared_ptr<store::TcpStoreServer>(std::move(served));
+    if (context.storeExternal) {
+      const auto address = store::parseHostPort(context.storeAddress);
+      base = std::make_shared<store::TcpStore>(address.host, address.port, timeout);
+    } else {  // rank 0 serves
+      std::unique_ptr<store::TcpStoreServer> served;
+      base = store::connectStore(context.storeAddress, context.rank, timeout, &served);
+      if (served) *server = std::shared_ptr<store::TcpStoreServer>(std::move(served));
+    }
   }
   return std::make_shared<store::PrefixStore>(context.jobId, base);
 }
