@@ -1,0 +1,99 @@
+#include "balance/allocation.h"
+
+#include <algorithm>
+#include <queue>
+
+#include "common/errors.h"
+
+namespace hetra::balance {
+
+int64_t accumSteps(int64_t batch, int64_t cap) {
+  return batch <= 0 ? 0 : (batch + cap - 1) / cap;
+}
+
+int64_t microBatchSize(int64_t batch, int64_t cap) {
+  const int64_t k = accumSteps(batch, cap);
+  return k == 0 ? 0 : (batch + k - 1) / k;
+}
+
+double predictSeconds(const CostModel& cost, int64_t batch, int64_t cap) {
+  return cost.seconds(batch, accumSteps(batch, cap));
+}
+
+std::vector<int64_t> equalShares(int64_t globalBatch, size_t ranks) {
+  std::vector<int64_t> shares(ranks, globalBatch / int64_t(ranks));
+  for (size_t i = 0; i < size_t(globalBatch % int64_t(ranks)); ++i) ++shares[i];
+  return shares;
+}
+
+std::vector<int64_t> optimalShares(const std::vector<CostModel>& costs,
+                                   const std::vector<int64_t>& caps, int64_t globalBatch) {
+  const size_t n = costs.size();
+  HETRA_ENFORCE_EQ(caps.size(), n, "one cap per rank");
+  HETRA_ENFORCE(n > 0 && globalBatch >= 0, "ranks ", n, ", global batch ", globalBatch);
+  for (size_t i = 0; i < n; ++i)
+    HETRA_ENFORCE(costs[i].known() && caps[i] >= 1, "rank ", i, " has no cost model or cap ",
+                  caps[i]);
+  auto time = [&](size_t i, int64_t b) { return predictSeconds(costs[i], b, caps[i]); };
+  auto fits = [&](size_t i, double level) {
+    int64_t lo = 0, hi = globalBatch;  // time(i, lo) <= level always holds for level >= 0
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (time(i, mid) <= level)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo;
+  };
+  auto total = [&](double level) {
+    int64_t sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += fits(i, level);
+    return sum;
+  };
+
+  // Highest level that does not over-fill; the fastest rank alone fits everything at `hi`.
+  double lo = 0.0, hi = time(0, globalBatch);
+  for (size_t i = 1; i < n; ++i) hi = std::min(hi, time(i, globalBatch));
+  for (int iter = 0; iter < 200; ++iter) {
+    const double mid = lo + 0.5 * (hi - lo);
+    if (!(mid > lo && mid < hi)) break;
+    if (total(mid) <= globalBatch)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  std::vector<int64_t> shares(n);
+  int64_t remaining = globalBatch;
+  for (size_t i = 0; i < n; ++i) remaining -= (shares[i] = fits(i, lo));
+
+  using Next =
+      std::pair<double, size_t>;  // (time with one more sample, rank): ties to the lower rank
+  std::priority_queue<Next, std::vector<Next>, std::greater<Next>> queue;
+  for (size_t i = 0; i < n; ++i) queue.push({time(i, shares[i] + 1), i});
+  for (; remaining > 0; --remaining) {
+    const size_t i = queue.top().second;
+    queue.pop();
+    ++shares[i];
+    queue.push({time(i, shares[i] + 1), i});
+  }
+
+  // The greedy may leave a rank at 0 on a tie; give it one sample when that does not raise the step
+  // time, taken from the slowest rank that keeps at least one.
+  for (size_t i = 0; i < n; ++i) {
+    if (shares[i] != 0) continue;
+    double slowest = 0.0;
+    size_t donor = n;
+    for (size_t j = 0; j < n; ++j) {
+      const double t = time(j, shares[j]);
+      if (t >= slowest) slowest = t;
+      if (shares[j] >= 2 && (donor == n || t >= time(donor, shares[donor]))) donor = j;
+    }
+    if (donor == n || time(i, 1) > slowest) continue;
+    --shares[donor];
+    shares[i] = 1;
+  }
+  return shares;
+}
+
+}  // namespace hetra::balance
