@@ -1,0 +1,167 @@
+// The configuration of `hetra run`: one TOML file, `--set key=value` overrides, defaults and
+// validation, all done before any rank starts, so a typo fails in a second rather than after the
+// ranks spawned. No LibTorch here: the training layer maps these plain values onto its objects.
+//
+// Vocabulary:
+//   key          the dotted path of one setting: <section>.<name> (train.lr) or devices.<i>.<name>
+//                (devices.1.slowdown, also accepted as devices[1].slowdown). Messages write device
+//                keys as devices[i].<name>.
+//   effective config  defaults, then the file, then every --set in order; toToml prints it and
+//                parseConfig of that text gives an equal RunConfig (saved in checkpoints).
+//   duty cycle   the share of its threads an emulated device keeps busy: threads / slowdown (it
+//                sleeps (slowdown - 1) times its compute time, see docs/benchmarks.md).
+//   capabilities what this build and machine offer (CUDA, ROCm, cores), a parameter of validation
+//                so that a CUDA build or a test can allow what this build cannot.
+//
+// Every error is a ConfigError whose message starts with where the value came from ("run.toml:12"
+// or "--set train.lr=x") and names the key, the value and what is allowed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hetra::train {
+
+struct ModelConfig {
+  std::string name = "mlp";                  // mlp | cnn | transformer
+  std::vector<int64_t> hidden = {256, 128};  // mlp: hidden layer widths (empty: a linear model)
+  std::vector<int64_t> channels = {32, 64};  // cnn: output channels of each conv 3x3 + pool block
+  int64_t layers = 2;                        // transformer: encoder layers
+  int64_t heads = 4;                         // transformer: attention heads (divides dim)
+  int64_t dim = 64;                          // transformer: model width
+  int64_t seqLen =
+      28;  // transformer: tokens per sample (a sample's features cut into seqLen tokens)
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct DataConfig {
+  std::string name = "fashion-mnist";                      // fashion-mnist | synthetic
+  std::string path = "/usr/share/datasets/fashion-mnist";  // fashion-mnist: folder of IDX .gz files
+  int64_t samples = 4096;                                  // synthetic: training samples
+  int64_t testSamples = 1024;                              // synthetic: test samples
+  int64_t features = 32;                                   // synthetic: features per sample
+  int64_t classes = 10;                                    // synthetic: classes
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct TrainConfig {
+  int64_t globalBatch = 256;  // B: samples per step over all devices
+  double epochs = 1.0;        // passes over the training set (fractions allowed)
+  int64_t steps = 0;          // > 0: train exactly this many steps, epochs ignored
+  double lr = 0.1;
+  std::string optimizer = "sgd";  // sgd | adam | adamw
+  double momentum = 0.0;          // sgd
+  bool nesterov = false;          // sgd, needs momentum > 0
+  double weightDecay = 0.0;
+  std::vector<double> betas = {0.9, 0.999};  // adam, adamw
+  double eps = 1e-8;                         // adam, adamw
+  std::string lrSchedule = "constant";       // constant | cosine (to 0 at the last step)
+  int64_t warmupSteps = 0;                   // linear warm-up from 0 to lr over these steps
+  double gradClip = 0.0;                     // max global gradient L2 norm; 0 = off
+  int64_t seed = 1;                          // model init, data order, synthetic data
+  int64_t evalEvery = 0;                     // evaluate every N steps; 0 = only at the end
+  int64_t logEvery = 10;                     // console line every N steps; 0 = none
+  int64_t checkpointEvery = 0;               // save every N steps; 0 = off
+  std::string checkpointDir = "checkpoints";
+  double bucketMib = 25.0;  // gradient bucket size for the overlapped allreduce
+  bool operator==(const TrainConfig&) const = default;
+};
+
+// Names and defaults as in balance::BalancerOptions.
+struct BalanceConfig {
+  std::string mode = "dynamic";  // dynamic | static | equal
+  double threshold = 0.05;       // least predicted relative gain worth a change of the split
+  int64_t minStepsBetween = 3;   // steps on a plan before the next change
+  int64_t persistSteps = 2;      // dynamic: steps in a row the gain must persist
+  int64_t profileSteps = 5;      // steps measured on the equal split before the first decision
+  bool operator==(const BalanceConfig&) const = default;
+};
+
+struct CommConfig {
+  std::string transport = "auto";    // auto | shm | tcp
+  double timeoutS = 60.0;            // deadline of every blocking communication call
+  std::string compression = "none";  // none (fp16, bf16, fp8-e4m3, fp8-e5m2: not yet)
+  bool operator==(const CommConfig&) const = default;
+};
+
+// From step `step` on, the device runs `factor` times slower (until the next change).
+struct SlowdownChange {
+  int64_t step = 0;
+  double factor = 1.0;
+  bool operator==(const SlowdownChange&) const = default;
+};
+
+// One [[devices]] entry: one rank.
+struct DeviceConfig {
+  std::string kind = "cpu";  // cpu | cuda | rocm
+  std::string name;  // unique; default <kind><n>: cpu0, cpu1, ... (n counts that kind), cuda<index>
+  int64_t threads = 1;    // intra-op threads of this rank
+  double slowdown = 1.0;  // emulation: >= 1, 1 = full speed (docs/benchmarks.md)
+  std::vector<SlowdownChange> slowdownSchedule;  // steps strictly increasing, factors >= 1
+  int64_t memoryBytes = 0;  // memory cap bounding the micro-batch; 0 = unlimited
+  int64_t index = -1;       // cuda/rocm: GPU index (default: n-th device of that kind); -1 for cpu
+  bool operator==(const DeviceConfig&) const = default;
+};
+
+struct RunConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  BalanceConfig balance;
+  CommConfig comm;
+  std::vector<DeviceConfig> devices;
+  // Not part of the configuration (ignored by ==, not printed): what validation found questionable
+  // but allowed, e.g. more busy threads than cores.
+  std::vector<std::string> warnings;
+
+  bool operator==(const RunConfig& o) const {
+    return model == o.model && data == o.data && train == o.train && balance == o.balance &&
+           comm == o.comm && devices == o.devices;
+  }
+};
+
+struct Capabilities {
+  bool cuda = false;  // devices of kind "cuda" allowed
+  bool rocm = false;  // devices of kind "rocm" allowed
+  int cores = 0;      // CPUs this process may use; 0 = unknown (no oversubscription warning)
+  // What this build (HETRA_WITH_CUDA / HETRA_WITH_ROCM compile definitions) and this process's CPU
+  // affinity offer.
+  static Capabilities ofThisBuild();
+};
+
+// Parses `tomlText` (named `sourceName` in messages), applies `sets` ("key=value", in order; the
+// value is a TOML value, or a plain string when it does not parse as one, e.g. equal or /tmp/x),
+// fills defaults and validates. Throws ConfigError. Warnings go to RunConfig::warnings.
+RunConfig parseConfig(const std::string& tomlText, const std::string& sourceName,
+                      const std::vector<std::string>& sets,
+                      const Capabilities& caps = Capabilities::ofThisBuild());
+// Reads the file at `path` (ConfigError when it cannot be read), then parseConfig.
+RunConfig loadConfig(const std::string& path, const std::vector<std::string>& sets,
+                     const Capabilities& caps = Capabilities::ofThisBuild());
+
+// The checks between keys (devices vs global batch, device kinds vs capabilities, unique names,
+// optimizer options...) on a config built in code; parseConfig runs them too. Throws ConfigError;
+// returns the warnings.
+std::vector<std::string> validateConfig(const RunConfig& config, const Capabilities& caps);
+
+// The effective config as TOML, every key present, one comment per key saying what it does.
+std::string toToml(const RunConfig& config);
+
+// "512MiB", "2GiB", "1.5GB", "64 KiB", "1000" (bytes). Binary units KiB..TiB, decimal KB..TB, B;
+// case-insensitive; the result must be a whole number of bytes. Throws ConfigError naming the text.
+int64_t parseBytes(const std::string& text);
+// The shortest exact form: "48MiB", "1500MB", or the plain number of bytes.
+std::string formatBytes(int64_t bytes);
+
+// Memory caps against the model's footprint: a device needs fixedBytes (parameters, gradients,
+// optimizer state) + bytesPerSample per micro-batch sample. Throws ConfigError naming
+// devices[i].memory, its value and the minimum needed, when a cap cannot hold one sample.
+void checkMemoryCaps(const RunConfig& config, int64_t fixedBytes, int64_t bytesPerSample);
+// Most samples one micro-batch of `device` may hold (INT64_MAX when unlimited; 0 when too small).
+int64_t maxMicroBatch(const DeviceConfig& device, int64_t fixedBytes, int64_t bytesPerSample);
+
+// The slowdown factor in effect at `step` (slowdown before the schedule's first change).
+double slowdownAt(const DeviceConfig& device, int64_t step);
+
+}  // namespace hetra::train

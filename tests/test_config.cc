@@ -1,0 +1,460 @@
+// The `hetra run` configuration: examples, --set overrides, validation messages, round trips.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "train/config.h"
+
+namespace hetra::train {
+namespace {
+
+const std::filesystem::path kExamples =
+    std::filesystem::path(__FILE__).parent_path().parent_path() / "examples";
+
+// A CPU-only build on a machine with plenty of cores, so tests do not depend on where they run.
+Capabilities cpuOnly() {
+  Capabilities caps;
+  caps.cores = 64;
+  return caps;
+}
+
+const std::string kMinimal = R"(
+[train]
+global_batch = 32
+steps = 10
+
+[[devices]]
+
+[[devices]]
+slowdown = 2
+
+[[devices]]
+slowdown = 4
+)";
+
+RunConfig parse(const std::string& text, const std::vector<std::string>& sets = {},
+                const Capabilities& caps = cpuOnly()) {
+  return parseConfig(text, "run.toml", sets, caps);
+}
+
+// The ConfigError message of parsing `text` with `sets`; fails the test when it parses.
+std::string errorOf(const std::string& text, const std::vector<std::string>& sets = {},
+                    const Capabilities& caps = cpuOnly()) {
+  try {
+    parse(text, sets, caps);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError for:\n" << text;
+  return "";
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
+TEST(Config, ExamplesParseAndRoundTrip) {
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(kExamples)) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    ++seen;
+    RunConfig config = loadConfig(entry.path().string(), {}, cpuOnly());
+    EXPECT_FALSE(config.devices.empty());
+    EXPECT_TRUE(config.warnings.empty()) << config.warnings.front();
+    std::string printed = toToml(config);
+    RunConfig again = parseConfig(printed, "printed", {}, cpuOnly());
+    EXPECT_EQ(again, config) << printed;
+    EXPECT_EQ(toToml(again), printed);
+  }
+  EXPECT_GE(seen, 4);
+}
+
+TEST(Config, HeteroExampleHasWhatItSays) {
+  RunConfig c = loadConfig((kExamples / "fashion_mnist_hetero.toml").string(), {}, cpuOnly());
+  EXPECT_EQ(c.model.name, "mlp");
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{512, 512}));
+  EXPECT_EQ(c.data.name, "fashion-mnist");
+  EXPECT_EQ(c.train.globalBatch, 512);
+  EXPECT_EQ(c.train.lrSchedule, "cosine");
+  ASSERT_EQ(c.devices.size(), 3u);
+  EXPECT_EQ(c.devices[0].slowdown, 1.0);
+  EXPECT_EQ(c.devices[1].slowdown, 2.0);
+  EXPECT_EQ(c.devices[2].slowdown, 4.0);
+  EXPECT_EQ(c.devices[2].memoryBytes, 48 << 20);
+  // 1 + 1/2 + 1/4 cores busy: no warning on a 2-core machine.
+  Capabilities twoCores = cpuOnly();
+  twoCores.cores = 2;
+  EXPECT_TRUE(loadConfig((kExamples / "fashion_mnist_hetero.toml").string(), {}, twoCores)
+                  .warnings.empty());
+}
+
+TEST(Config, DefaultsAndDeviceNames) {
+  RunConfig c = parse(kMinimal);
+  EXPECT_EQ(c.model, ModelConfig{});
+  EXPECT_EQ(c.data.path, "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(c.train.bucketMib, 25.0);
+  EXPECT_EQ(c.balance.mode, "dynamic");
+  EXPECT_EQ(c.comm.compression, "none");
+  ASSERT_EQ(c.devices.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(c.devices[i].kind, "cpu");
+    EXPECT_EQ(c.devices[i].name, "cpu" + std::to_string(i));
+    EXPECT_EQ(c.devices[i].threads, 1);
+    EXPECT_EQ(c.devices[i].memoryBytes, 0);
+    EXPECT_EQ(c.devices[i].index, -1);
+  }
+}
+
+TEST(Config, SetOverrides) {
+  RunConfig c =
+      parse(kMinimal, {"train.lr=0.05", "model.hidden=[256, 128, 7]", "devices.1.slowdown=3",
+                       "balance.mode=equal", "devices[2].memory=1.5GB", "train.checkpoint_dir=2024",
+                       "data.path=/tmp/fm data", "train.nesterov=true", "train.momentum=0.9",
+                       "train.epochs=2"});
+  EXPECT_EQ(c.train.lr, 0.05);
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{256, 128, 7}));
+  EXPECT_EQ(c.devices[1].slowdown, 3.0);
+  EXPECT_EQ(c.devices[0].slowdown, 1.0);
+  EXPECT_EQ(c.balance.mode, "equal");
+  EXPECT_EQ(c.devices[2].memoryBytes, 1500000000);
+  EXPECT_EQ(c.train.checkpointDir, "2024");  // a string key takes the text verbatim
+  EXPECT_EQ(c.data.path, "/tmp/fm data");
+  EXPECT_TRUE(c.train.nesterov);
+  EXPECT_EQ(c.train.epochs, 2.0);
+
+  // Later sets win; a set may add a device (the next index) or a whole section.
+  c = parse(kMinimal, {"train.lr=1", "train.lr=0.25", "devices.3.slowdown=8",
+                       "devices.3.name=slowest", "comm={ transport = \"tcp\", timeout_s = 5 }",
+                       "devices.0.slowdown_schedule=[[10, 2], [20, 1.5]]"});
+  EXPECT_EQ(c.train.lr, 0.25);
+  ASSERT_EQ(c.devices.size(), 4u);
+  EXPECT_EQ(c.devices[3].slowdown, 8.0);
+  EXPECT_EQ(c.devices[3].name, "slowest");
+  EXPECT_EQ(c.comm.transport, "tcp");
+  EXPECT_EQ(c.comm.timeoutS, 5.0);
+  EXPECT_EQ(c.devices[0].slowdownSchedule, (std::vector<SlowdownChange>{{10, 2.0}, {20, 1.5}}));
+
+  // Sets on an empty file build the whole config.
+  c = parse("", {"devices=[{}, {slowdown = 2}]", "train.steps=5", "data.name=synthetic"});
+  EXPECT_EQ(c.devices.size(), 2u);
+  EXPECT_EQ(c.devices[1].slowdown, 2.0);
+  EXPECT_EQ(c.data.name, "synthetic");
+}
+
+TEST(Config, SetErrorsNameTheSet) {
+  EXPECT_CONTAINS(errorOf(kMinimal, {"train.lrr=0.1"}), "--set train.lrr=0.1: train.lrr = 0.1");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"train.lrr=0.1"}), "did you mean train.lr?");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"trian.lr=0.1"}), "--set trian.lr=0.1: unknown key trian.lr");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"trian.lr=0.1"}), "did you mean train?");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"train.lr=fast"}), "--set train.lr=fast: train.lr = \"fast\"");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"train.lr=fast"}), "expected a number > 0");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"devices.1.slowdown=0.5"}),
+                  "--set devices.1.slowdown=0.5: devices[1].slowdown = 0.5");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"devices.7.slowdown=2"}), "devices has 3 entries");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"train.lr"}), "expected key=value");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"train..lr=1"}), "not a dotted key");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"train.steps.x=1"}), "train.steps is a single value");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"train.lr.x=1"}), "--set train.lr.x=1: train.lr = { x = 1 }");
+  EXPECT_CONTAINS(errorOf(kMinimal, {"balance.mode=fastest"}),
+                  "balance.mode = \"fastest\": must be one of \"dynamic\", \"static\", \"equal\"");
+}
+
+struct BadCase {
+  std::string text;
+  std::vector<std::string> sets;
+  std::vector<std::string> expected;  // substrings of the message
+};
+
+TEST(Config, BadConfigsNameKeyValueAndWhatIsAllowed) {
+  const std::vector<BadCase> cases = {
+      // Unknown keys, with a suggestion when close, or the known keys.
+      {"[train]\nglobal_bach = 64\n",
+       {},
+       {"run.toml:2: train.global_bach = 64", "did you mean train.global_batch?"}},
+      {"[train]\nfoo = 1\n",
+       {},
+       {"train.foo = 1", "unknown key; the keys of [train] are global_batch"}},
+      {"[[devices]]\nslowdwon = 2\n",
+       {},
+       {"devices[0].slowdwon = 2", "did you mean devices[0].slowdown?"}},
+      {"lr = 0.1\n", {}, {"lr = 0.1", "did you mean train.lr?"}},
+      {"[trian]\nlr = 0.1\n", {}, {"trian = { lr = 0.1 }", "did you mean train?"}},
+      {"[[device]]\n", {}, {"did you mean devices?"}},
+      {"[train]\nmode = \"equal\"\n", {}, {"train.mode = \"equal\"", "did you mean balance.mode?"}},
+      // Wrong types.
+      {"[train]\nlr = \"fast\"\n", {}, {"train.lr = \"fast\"", "expected a number > 0"}},
+      {"[train]\nglobal_batch = 64.5\n",
+       {},
+       {"train.global_batch = 64.5", "expected an integer >= 1"}},
+      {"[train]\nnesterov = 1\n", {}, {"train.nesterov = 1", "expected true or false"}},
+      {"[model]\nhidden = 512\n", {}, {"model.hidden = 512", "expected a list of integers"}},
+      {"[model]\nhidden = [512, \"x\"]\n",
+       {},
+       {"model.hidden[1] = \"x\"", "expected an integer >= 1"}},
+      {"[model]\nname = 3\n", {}, {"model.name = 3", "\"mlp\", \"cnn\", \"transformer\""}},
+      {"train = 3\n", {}, {"train = 3", "expected a table"}},
+      {"[devices]\nkind = \"cpu\"\n", {}, {"devices = { kind = \"cpu\" }", "[[devices]]"}},
+      {"devices = [1]\n", {}, {"devices[0] = 1", "expected a table"}},
+      // Out of range and not allowed.
+      {"[train]\nlr = -0.1\n", {}, {"train.lr = -0.1", "must be > 0"}},
+      {"[train]\nlr = inf\n", {}, {"train.lr = inf", "must be > 0"}},
+      {"[train]\nmomentum = 1.0\n", {}, {"train.momentum = 1.0", "in [0, 1)"}},
+      {"[train]\noptimizer = \"lamb\"\n",
+       {},
+       {"train.optimizer = \"lamb\"", "\"sgd\", \"adam\", \"adamw\""}},
+      {"[train]\nbetas = [0.9]\n", {}, {"train.betas = [0.9]", "list of 2 numbers"}},
+      {"[model]\nhidden = [512, 0]\n", {}, {"model.hidden[1] = 0", ">= 1"}},
+      {"[data]\nname = \"mnist\"\n",
+       {},
+       {"data.name = \"mnist\"", "\"fashion-mnist\", \"synthetic\""}},
+      {"[data]\nclasses = 1\n", {}, {"data.classes = 1", "in [2, "}},
+      {"[balance]\nmode = \"fair\"\n",
+       {},
+       {"balance.mode = \"fair\"", "\"dynamic\", \"static\", \"equal\""}},
+      {"[balance]\nthreshold = 0\n", {}, {"balance.threshold = 0", "in (0, 1)"}},
+      {"[comm]\ntransport = \"mpi\"\n",
+       {},
+       {"comm.transport = \"mpi\"", "\"auto\", \"shm\", \"tcp\""}},
+      {"[comm]\ncompression = \"fp16\"\n",
+       {},
+       {"comm.compression = \"fp16\"", "not supported yet", "\"none\""}},
+      {"[comm]\ncompression = \"zip\"\n",
+       {},
+       {"comm.compression = \"zip\"", "must be one of \"none\""}},
+      {"[comm]\ntimeout_s = 0\n", {}, {"comm.timeout_s = 0", "in [0.001, "}},
+      {"[[devices]]\n[[devices]]\n[[devices]]\nslowdown = 0.5\n",
+       {},
+       {"run.toml:4: devices[2].slowdown = 0.5", "must be in [1, "}},
+      {"[[devices]]\nthreads = 0\n", {}, {"devices[0].threads = 0", "in [1, 1024]"}},
+      {"[[devices]]\nkind = \"tpu\"\n",
+       {},
+       {"devices[0].kind = \"tpu\"", "\"cpu\", \"cuda\", \"rocm\""}},
+      {"[[devices]]\nmemory = \"lots\"\n", {}, {"devices[0].memory = \"lots\"", "\"512MiB\""}},
+      {"[[devices]]\nmemory = 0\n", {}, {"devices[0].memory = 0", "bytes > 0"}},
+      {"[[devices]]\nmemory = \"2G\"\n", {}, {"devices[0].memory = \"2G\"", "\"unlimited\""}},
+      {"[[devices]]\nslowdown_schedule = [[10, 2], [5, 3]]\n",
+       {},
+       {"devices[0].slowdown_schedule[1] = [5, 3]", "steps must increase"}},
+      {"[[devices]]\nslowdown_schedule = [[10, 0.5]]\n",
+       {},
+       {"devices[0].slowdown_schedule[0][1] = 0.5", "in [1, "}},
+      {"[[devices]]\nslowdown_schedule = [10, 2]\n",
+       {},
+       {"devices[0].slowdown_schedule[0] = 10", "[step, factor] pair"}},
+      {"[[devices]]\nslowdown_schedule = [[-1, 2]]\n",
+       {},
+       {"slowdown_schedule[0][0] = -1", ">= 0"}},
+      // Checks between keys.
+      {"", {}, {"run.toml: no devices", "[[devices]]"}},
+      {"devices = []\n", {}, {"no devices"}},
+      {"[train]\nglobal_batch = 2\n[[devices]]\n[[devices]]\n[[devices]]\n",
+       {},
+       {"run.toml:2: train.global_batch = 2", "below the number of devices (3)"}},
+      {"[[devices]]\n[[devices]]\nkind = \"cuda\"\n",
+       {},
+       {"run.toml:3: devices[1].kind = \"cuda\": this hetra was not built with CUDA support (build "
+        "with -DHETRA_WITH_CUDA=ON)"}},
+      {"[[devices]]\nkind = \"rocm\"\n",
+       {},
+       {"devices[0].kind = \"rocm\"", "-DHETRA_WITH_ROCM=ON"}},
+      {"[[devices]]\nindex = 1\n", {}, {"devices[0].index = 1", "only cuda and rocm"}},
+      {"[[devices]]\nname = \"a\"\n[[devices]]\nname = \"a\"\n",
+       {},
+       {"run.toml:4: devices[1].name = \"a\"", "already used by devices[0]"}},
+      {"[[devices]]\n[[devices]]\nname = \"cpu0\"\n", {}, {"devices[1].name = \"cpu0\"", "unique"}},
+      {"[[devices]]\nname = \"\"\n", {}, {"devices[0].name = \"\"", "must not be empty"}},
+      {"[train]\nepochs = 0\n[[devices]]\n", {}, {"train.epochs = 0.0", "nothing to train"}},
+      {"[train]\nnesterov = true\n[[devices]]\n",
+       {},
+       {"train.nesterov = true", "train.momentum > 0"}},
+      {"[model]\nname = \"transformer\"\nheads = 3\n[[devices]]\n",
+       {},
+       {"run.toml:3: model.heads = 3", "must divide model.dim = 64"}},
+      {"[model]\nname = \"transformer\"\nseq_len = 5\n[[devices]]\n",
+       {},
+       {"model.seq_len = 5", "784"}},
+      {"[model]\nname = \"cnn\"\nchannels = []\n[[devices]]\n", {}, {"model.channels = []"}},
+      // Syntax.
+      {"[train]\nlr = = 1\n", {}, {"run.toml:2:", "not valid TOML"}},
+      {"[train]\nlr = 1\nlr = 2\n", {}, {"run.toml:3:", "not valid TOML"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    std::string message = errorOf(c.text, c.sets);
+    for (const auto& e : c.expected) EXPECT_CONTAINS(message, e);
+  }
+}
+
+TEST(Config, CapabilitiesAllowGpus) {
+  const std::string text =
+      "[[devices]]\nkind = \"cuda\"\n[[devices]]\nkind = \"cuda\"\n"
+      "[[devices]]\nkind = \"cuda\"\nindex = 0\n[[devices]]\n";
+  Capabilities caps = cpuOnly();
+  caps.cuda = true;
+  RunConfig c = parse(text, {}, caps);
+  // Explicit indices are kept; the others take the lowest free ones.
+  EXPECT_EQ(c.devices[0].index, 1);
+  EXPECT_EQ(c.devices[1].index, 2);
+  EXPECT_EQ(c.devices[2].index, 0);
+  EXPECT_EQ(c.devices[0].name, "cuda1");
+  EXPECT_EQ(c.devices[3].name, "cpu0");
+  EXPECT_EQ(c.devices[3].index, -1);
+  EXPECT_EQ(parseConfig(toToml(c), "printed", {}, caps), c);
+  EXPECT_CONTAINS(errorOf(text + "[[devices]]\nkind = \"cuda\"\nindex = 0\n", {}, caps),
+                  "run.toml:11: devices[4].index = 0: already used by devices[2]");
+  EXPECT_CONTAINS(errorOf(text, {}, cpuOnly()), "devices[0].kind = \"cuda\"");
+}
+
+TEST(Config, OversubscriptionIsAWarning) {
+  Capabilities twoCores = cpuOnly();
+  twoCores.cores = 2;
+  const std::string three = "[[devices]]\n[[devices]]\n[[devices]]\n";
+  RunConfig c = parse(three, {}, twoCores);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_CONTAINS(c.warnings[0], "3 cores busy");
+  EXPECT_TRUE(
+      parse(three, {"devices.1.slowdown=2", "devices.2.slowdown=4"}, twoCores).warnings.empty());
+  // A schedule that speeds a device up counts at its fastest.
+  EXPECT_EQ(parse(three,
+                  {"devices.1.slowdown=2", "devices.2.slowdown=4",
+                   "devices.2.slowdown_schedule=[[50, 1]]"},
+                  twoCores)
+                .warnings.size(),
+            1u);
+  EXPECT_EQ(parse("[[devices]]\nthreads = 3\n", {}, twoCores).warnings.size(), 1u);
+  EXPECT_EQ(parse(three, {}, cpuOnly()).warnings.size(), 0u);
+}
+
+TEST(Config, RoundTripOfEveryNonDefault) {
+  RunConfig c = parse(kMinimal);
+  c.model = {"transformer", {7, 3}, {5}, 3, 2, 10, 7};
+  c.data = {"synthetic", "/x/y \"q\"", 99, 33, 49, 3};
+  c.train.globalBatch = 77;
+  c.train.epochs = 2.5;
+  c.train.steps = 123;
+  c.train.lr = 0.1 + 0.2;  // not exactly representable as a short decimal
+  c.train.optimizer = "adamw";
+  c.train.momentum = 0.0;
+  c.train.weightDecay = 1e-4;
+  c.train.betas = {0.85, 0.995};
+  c.train.eps = 1e-7;
+  c.train.lrSchedule = "cosine";
+  c.train.warmupSteps = 9;
+  c.train.gradClip = 1.5;
+  c.train.seed = 12345678901;
+  c.train.evalEvery = 11;
+  c.train.logEvery = 0;
+  c.train.checkpointEvery = 50;
+  c.train.checkpointDir = "ck";
+  c.train.bucketMib = 0.5;
+  c.balance = {"static", 0.1, 4, 3, 6};
+  c.comm = {"shm", 12.5, "none"};
+  c.devices[0].threads = 2;
+  c.devices[0].name = "tab\tname";
+  c.devices[1].slowdownSchedule = {{0, 1.25}, {100, 3.0}};
+  c.devices[2].memoryBytes = 1000000001;
+  c.devices.push_back(c.devices[1]);
+  c.devices.back().name = "x";
+  c.devices.back().memoryBytes = int64_t(3) << 30;
+  ASSERT_TRUE(validateConfig(c, cpuOnly()).empty());
+  std::string printed = toToml(c);
+  RunConfig again = parseConfig(printed, "printed", {}, cpuOnly());
+  EXPECT_EQ(again, c) << printed;
+  EXPECT_EQ(again.train.lr, 0.1 + 0.2);
+  EXPECT_CONTAINS(printed, "memory = \"3GiB\"");
+  EXPECT_CONTAINS(printed, "memory = 1000000001");
+  EXPECT_CONTAINS(printed, "memory = \"unlimited\"");
+  EXPECT_EQ(printed.find("index ="), std::string::npos);  // cpu devices have none
+}
+
+TEST(Config, ValidateConfigBuiltInCode) {
+  RunConfig c;
+  EXPECT_THROW(validateConfig(c, cpuOnly()), ConfigError);  // no devices
+  c.devices.resize(2);
+  EXPECT_TRUE(validateConfig(c, cpuOnly()).empty());
+  c.devices[1].slowdown = 0.5;
+  try {
+    validateConfig(c, cpuOnly());
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_CONTAINS(e.what(), "devices[1].slowdown = 0.5");
+  }
+  c.devices[1].slowdown = 1;
+  c.train.globalBatch = 1;
+  EXPECT_THROW(validateConfig(c, cpuOnly()), ConfigError);
+}
+
+TEST(Config, ParseBytes) {
+  EXPECT_EQ(parseBytes("512MiB"), int64_t(512) << 20);
+  EXPECT_EQ(parseBytes("2GiB"), int64_t(2) << 30);
+  EXPECT_EQ(parseBytes("1.5GB"), 1500000000);
+  EXPECT_EQ(parseBytes("1.5GiB"), int64_t(3) << 29);
+  EXPECT_EQ(parseBytes(" 64 kib "), 65536);
+  EXPECT_EQ(parseBytes("1000"), 1000);
+  EXPECT_EQ(parseBytes("7B"), 7);
+  EXPECT_EQ(parseBytes("0.001KB"), 1);
+  EXPECT_EQ(parseBytes("8TiB"), int64_t(8) << 40);
+  for (const char* bad : {"", "MiB", "1.5", "0.3B", "2G", "-1", "1e9", "1..5MB", "9999999999TiB",
+                          "12 MiBs", "0.0001KB"}) {
+    SCOPED_TRACE(bad);
+    try {
+      parseBytes(bad);
+      ADD_FAILURE() << "parsed";
+    } catch (const ConfigError& e) {
+      EXPECT_CONTAINS(e.what(), std::string("\"") + bad + "\"");
+      EXPECT_CONTAINS(e.what(), "MiB");
+    }
+  }
+  EXPECT_EQ(formatBytes(48 << 20), "48MiB");
+  EXPECT_EQ(formatBytes(1500000000), "1500MB");
+  EXPECT_EQ(formatBytes(1536), "1536");  // 1.5 KiB: no exact unit
+  EXPECT_EQ(formatBytes(1000000001), "1000000001");
+  for (int64_t v : {int64_t(1), int64_t(1024), int64_t(1000), int64_t(3) << 40, int64_t(123456789)})
+    EXPECT_EQ(parseBytes(formatBytes(v)), v);
+}
+
+TEST(Config, MemoryCaps) {
+  RunConfig c = parse(kMinimal, {"devices.1.memory=10MiB", "devices.2.memory=\"48MiB\""});
+  const int64_t mib = 1 << 20;
+  EXPECT_NO_THROW(checkMemoryCaps(c, 8 * mib, mib));
+  EXPECT_EQ(maxMicroBatch(c.devices[0], 8 * mib, mib), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(maxMicroBatch(c.devices[1], 8 * mib, mib), 2);
+  EXPECT_EQ(maxMicroBatch(c.devices[2], 8 * mib, mib), 40);
+  EXPECT_EQ(maxMicroBatch(c.devices[1], 20 * mib, mib), 0);
+  try {
+    checkMemoryCaps(c, 9 * mib + 1, mib);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_CONTAINS(e.what(), "devices[1].memory = \"10MiB\"");
+    EXPECT_CONTAINS(e.what(), std::to_string(10 * mib + 1));  // the minimum needed
+  }
+}
+
+TEST(Config, SlowdownAt) {
+  DeviceConfig d;
+  d.slowdown = 2;
+  d.slowdownSchedule = {{10, 4}, {20, 1}};
+  EXPECT_EQ(slowdownAt(d, 0), 2.0);
+  EXPECT_EQ(slowdownAt(d, 9), 2.0);
+  EXPECT_EQ(slowdownAt(d, 10), 4.0);
+  EXPECT_EQ(slowdownAt(d, 19), 4.0);
+  EXPECT_EQ(slowdownAt(d, 20), 1.0);
+  EXPECT_EQ(slowdownAt(d, 1000), 1.0);
+}
+
+TEST(Config, LoadConfigOfAMissingFile) {
+  try {
+    loadConfig("/nonexistent/run.toml", {}, cpuOnly());
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_CONTAINS(e.what(), "/nonexistent/run.toml");
+  }
+}
+
+}  // namespace
+}  // namespace hetra::train
