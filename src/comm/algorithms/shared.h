@@ -1,5 +1,12 @@
 // Collectives through memory that every rank of the group maps (SharedArena): each rank copies its
 // input into its slot, reduces its own slice across all slots, and copies the reduced slices out.
+//
+// Every rank of the arena's group calls the same collectives in the same order; a call whose
+// arguments differ between ranks (count, counts, dtype, op, root, seq) throws MismatchError on
+// every rank before any data moves. ReduceOp::Avg is reduced as Sum: the caller divides. Outputs
+// may alias inputs as the Args structs describe (allreduce in == out, reduce-scatter out == this
+// rank's block of in, allgather in == this rank's block of out). After any of these throws, the
+// arena's ranks are out of step: abort the group rather than run another collective on it.
 #pragma once
 
 #include "comm/algorithms/args.h"
