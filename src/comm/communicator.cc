@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <fstream>
@@ -22,58 +23,44 @@
 namespace hetra::comm {
 namespace {
 
-const Param kAlgo("HETRA_ALGO", "auto",
-                  "Collective algorithm: auto (shared memory when the transport has it, else ring), "
-                  "ring, or shared.");
+const Param kAlgo(
+    "HETRA_ALGO", "auto",
+    "Collective algorithm: auto (shared memory when the transport has it, else ring), "
+    "ring, or shared.");
 const Param kIfaceAddr("HETRA_IFACE_ADDR", "127.0.0.1",
                        "Address the tcp transport listens on (the interface other hosts reach).");
 
-// User point-to-point messages use tags above every tag an algorithm derives from a sequence number.
+// User point-to-point messages use tags above every tag an algorithm derives from a sequence
+// number.
 constexpr uint64_t kUserTagBase = uint64_t(1) << 63;
 
+class CommunicatorImpl;
+
+// One operation of a communicator. Its description is built only when a message needs it.
 class WorkImpl : public Work {
  public:
-  bool isCompleted() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return done_;
-  }
+  WorkImpl(CommunicatorImpl* owner, std::function<std::string()> describe,
+           std::function<void(Deadline)> run)
+      : owner_(owner), describe_(std::move(describe)), run_(std::move(run)) {}
 
-  void wait(Millis timeout) override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
-      throw TimeoutError(str("waiting for ", what_, " timed out after ", timeout.count(), " ms"));
-    if (error_) std::rethrow_exception(error_);
-  }
+  bool isCompleted() const override { return done_.load(std::memory_order_acquire); }
+  void wait(Millis timeout) override;
+  std::exception_ptr exception() const override { return isCompleted() ? error_ : nullptr; }
+  double seconds() const override { return isCompleted() ? seconds_ : 0.0; }
 
-  std::exception_ptr exception() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return error_;
-  }
+  std::string describe() const { return describe_(); }
 
-  double seconds() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return seconds_;
-  }
-
-  void finish(std::exception_ptr error, double seconds) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      error_ = error;
-      seconds_ = seconds;
-      done_ = true;
-    }
-    cv_.notify_all();
-  }
-
-  std::string what_;
-  std::function<void(Deadline)> run_;
+  // Runs the operation (once, on whichever thread executes it) and publishes the result.
+  void execute(std::exception_ptr latched, Millis timeout);
 
  private:
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  double seconds_ = 0;
+  friend class CommunicatorImpl;
+  CommunicatorImpl* owner_;  // valid until done_: the communicator drains its queue before dying
+  std::function<std::string()> describe_;
+  std::function<void(Deadline)> run_;
   std::exception_ptr error_;
+  double seconds_ = 0;
+  std::atomic<bool> done_{false};
 };
 
 class CommunicatorImpl : public Communicator,
@@ -89,11 +76,13 @@ class CommunicatorImpl : public Communicator,
       throw ConfigError(str("HETRA_ALGO='", algo, "' is not allowed; allowed: auto, ring, shared"));
     useShared_ = transport_->sharedArena() != nullptr && algo != "ring";
     if (algo == "shared" && !transport_->sharedArena())
-      throw ConfigError(str("HETRA_ALGO=shared needs a transport with shared memory; this group uses ",
-                            transport_->name()));
+      throw ConfigError(
+          str("HETRA_ALGO=shared needs a transport with shared memory; this group uses ",
+              transport_->name()));
     worker_ = std::thread([this] { workLoop(); });
   }
 
+  // Operations still queued run before the progress thread stops, so no Work is left pending.
   ~CommunicatorImpl() override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -101,6 +90,34 @@ class CommunicatorImpl : public Communicator,
     }
     cv_.notify_all();
     worker_.join();
+  }
+
+  // Waits for `work`. The waiting thread runs queued operations itself, in order, when nobody else
+  // is running one: an operation issued and waited for at once never crosses threads, so small
+  // collectives cost what the algorithm costs (no thread wake-up on the critical path).
+  void waitFor(WorkImpl& work, Millis timeout) {
+    const Deadline deadline = deadlineAfter(timeout);
+    const Deadline spinUntil = deadlineAfter(Millis(0)) + std::chrono::microseconds(kWaitSpinUs);
+    while (!work.isCompleted()) {
+      if (!executing_.load(std::memory_order_acquire) &&
+          queued_.load(std::memory_order_acquire) > 0) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (!executing_ && !queue_.empty()) executeFront(lock);
+        continue;
+      }
+      if (Clock::now() < spinUntil) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::unique_lock<std::mutex> lock(mutex_);
+      ++waiters_;
+      const bool ready = cv_.wait_until(
+          lock, deadline, [&] { return work.isCompleted() || (!executing_ && !queue_.empty()); });
+      --waiters_;
+      if (!ready)
+        throw TimeoutError(
+            str("waiting for ", work.describe(), " timed out after ", timeout.count(), " ms"));
+    }
   }
 
   int rank() const override { return rank_; }
@@ -135,13 +152,16 @@ class CommunicatorImpl : public Communicator,
     args.count = count;
     args.dtype = dtype;
     args.op = op;
-    return enqueue(str("allreduce of ", count, " ", dtypeName(dtype)), [this, args](Deadline d) mutable {
-      args.deadline = d;
-      args.seq = seq_++;
-      if (useShared_) allreduceShared(*transport_->sharedArena(), args);
-      else allreduceRing(*transport_, args);
-      if (args.op == ReduceOp::Avg) divide(args.dtype, args.out, args.count, size_);
-    });
+    return enqueue([=] { return str("allreduce of ", count, " ", dtypeName(dtype)); },
+                   [this, args](Deadline d) mutable {
+                     args.deadline = d;
+                     args.seq = seq_++;
+                     if (useShared_)
+                       allreduceShared(*transport_->sharedArena(), args);
+                     else
+                       allreduceRing(*transport_, args);
+                     if (args.op == ReduceOp::Avg) divide(args.dtype, args.out, args.count, size_);
+                   });
   }
 
   WorkPtr reduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
@@ -153,14 +173,17 @@ class CommunicatorImpl : public Communicator,
     args.counts = counts;
     args.dtype = dtype;
     args.op = op;
-    return enqueue(str("reduce-scatter of ", totalCount(counts), " ", dtypeName(dtype)),
-                   [this, args](Deadline d) mutable {
-                     args.deadline = d;
-                     args.seq = seq_++;
-                     if (useShared_) reduceScatterShared(*transport_->sharedArena(), args);
-                     else reduceScatterRing(*transport_, args);
-                     if (args.op == ReduceOp::Avg) divide(args.dtype, args.out, args.counts[rank_], size_);
-                   });
+    return enqueue(
+        [=] { return str("reduce-scatter of ", totalCount(counts), " ", dtypeName(dtype)); },
+        [this, args](Deadline d) mutable {
+          args.deadline = d;
+          args.seq = seq_++;
+          if (useShared_)
+            reduceScatterShared(*transport_->sharedArena(), args);
+          else
+            reduceScatterRing(*transport_, args);
+          if (args.op == ReduceOp::Avg) divide(args.dtype, args.out, args.counts[rank_], size_);
+        });
   }
 
   WorkPtr allgather(const void* in, void* out, const std::vector<size_t>& counts,
@@ -171,58 +194,68 @@ class CommunicatorImpl : public Communicator,
     args.out = out;
     args.counts = counts;
     args.dtype = dtype;
-    return enqueue(str("allgather of ", totalCount(counts), " ", dtypeName(dtype)),
+    return enqueue([=] { return str("allgather of ", totalCount(counts), " ", dtypeName(dtype)); },
                    [this, args](Deadline d) mutable {
                      args.deadline = d;
                      args.seq = seq_++;
-                     if (useShared_) allgatherShared(*transport_->sharedArena(), args);
-                     else allgatherRing(*transport_, args);
+                     if (useShared_)
+                       allgatherShared(*transport_->sharedArena(), args);
+                     else
+                       allgatherRing(*transport_, args);
                    });
   }
 
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
-    HETRA_ENFORCE(root >= 0 && root < size_, "broadcast root ", root, " is outside a group of ", size_);
+    HETRA_ENFORCE(root >= 0 && root < size_, "broadcast root ", root, " is outside a group of ",
+                  size_);
     BroadcastArgs args;
     args.buf = buf;
     args.count = count;
     args.dtype = dtype;
     args.root = root;
-    return enqueue(str("broadcast of ", count, " ", dtypeName(dtype)), [this, args](Deadline d) mutable {
-      args.deadline = d;
-      args.seq = seq_++;
-      if (useShared_) broadcastShared(*transport_->sharedArena(), args);
-      else broadcastPipelined(*transport_, args);
-    });
+    return enqueue([=] { return str("broadcast of ", count, " ", dtypeName(dtype)); },
+                   [this, args](Deadline d) mutable {
+                     args.deadline = d;
+                     args.seq = seq_++;
+                     if (useShared_)
+                       broadcastShared(*transport_->sharedArena(), args);
+                     else
+                       broadcastPipelined(*transport_, args);
+                   });
   }
 
   WorkPtr barrier() override {
-    return enqueue("barrier", [this](Deadline d) {
-      BarrierArgs args;
-      args.deadline = d;
-      args.seq = seq_++;
-      if (useShared_) barrierShared(*transport_->sharedArena(), args);
-      else barrierDissemination(*transport_, args);
-    });
+    return enqueue([] { return std::string("barrier"); },
+                   [this](Deadline d) {
+                     BarrierArgs args;
+                     args.deadline = d;
+                     args.seq = seq_++;
+                     if (useShared_)
+                       barrierShared(*transport_->sharedArena(), args);
+                     else
+                       barrierDissemination(*transport_, args);
+                   });
   }
 
   WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint32_t tag) override {
     checkPeer(dst, "send");
     const size_t bytes = count * dtypeSize(dtype);
-    return enqueue(str("send of ", bytes, " bytes to rank ", dst), [=, this](Deadline d) {
-      transport_->isend(dst, kUserTagBase | tag, buf, bytes)->wait(d);
-    });
+    return enqueue(
+        [=] { return str("send of ", bytes, " bytes to rank ", dst); },
+        [=, this](Deadline d) { transport_->isend(dst, kUserTagBase | tag, buf, bytes)->wait(d); });
   }
 
   WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint32_t tag) override {
     checkPeer(src, "recv");
     const size_t bytes = count * dtypeSize(dtype);
-    return enqueue(str("recv of ", bytes, " bytes from rank ", src), [=, this](Deadline d) {
-      transport_->irecv(src, kUserTagBase | tag, buf, bytes)->wait(d);
-    });
+    return enqueue(
+        [=] { return str("recv of ", bytes, " bytes from rank ", src); },
+        [=, this](Deadline d) { transport_->irecv(src, kUserTagBase | tag, buf, bytes)->wait(d); });
   }
 
   void abort(const std::string& reason) override {
-    latch(std::make_exception_ptr(PeerAbortedError(rank_, str("rank ", rank_, " aborted the group: ", reason))));
+    latch(std::make_exception_ptr(
+        PeerAbortedError(rank_, str("rank ", rank_, " aborted the group: ", reason))));
     transport_->abort(reason);
   }
 
@@ -238,7 +271,8 @@ class CommunicatorImpl : public Communicator,
     for (int r = 0; r < size_; ++r)
       oneHost = oneHost && store_->getString(str("host/", r), options_.timeout) == mine;
     if (choice == "shm" && !oneHost)
-      throw ConfigError("transport 'shm' needs every rank of the group on one host; this group spans hosts");
+      throw ConfigError(
+          "transport 'shm' needs every rank of the group on one host; this group spans hosts");
     const bool useShm = choice == "shm" || (choice == "auto" && oneHost);
     if (useShm) {
       store::PrefixStore shmStore("shm", store_);
@@ -249,12 +283,14 @@ class CommunicatorImpl : public Communicator,
     TcpOptions tcp;
     tcp.timeout = options_.timeout;
     tcp.listenAddress = options_.listenAddress.empty() ? kIfaceAddr.str() : options_.listenAddress;
-    return createTcpTransport(std::make_shared<store::PrefixStore>("tcp", store_), rank_, size_, tcp);
+    return createTcpTransport(std::make_shared<store::PrefixStore>("tcp", store_), rank_, size_,
+                              tcp);
   }
 
   void checkCounts(const std::vector<size_t>& counts, const char* op) const {
     if (int(counts.size()) != size_)
-      throw ConfigError(str(op, ": counts has ", counts.size(), " entries; the group has ", size_, " ranks"));
+      throw ConfigError(
+          str(op, ": counts has ", counts.size(), " entries; the group has ", size_, " ranks"));
   }
 
   void checkPeer(int peer, const char* op) const {
@@ -262,16 +298,41 @@ class CommunicatorImpl : public Communicator,
       throw ConfigError(str(op, ": peer ", peer, " is not another rank of this group of ", size_));
   }
 
-  WorkPtr enqueue(std::string what, std::function<void(Deadline)> run) {
-    auto work = std::make_shared<WorkImpl>();
-    work->what_ = std::move(what);
-    work->run_ = std::move(run);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(work);
-    }
-    cv_.notify_all();
+  WorkPtr enqueue(std::function<std::string()> describe, std::function<void(Deadline)> run) {
+    auto work = std::make_shared<WorkImpl>(this, std::move(describe), std::move(run));
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(work);
+    queued_.fetch_add(1, std::memory_order_release);
+    // A polling progress thread finds the operation by itself; only a deep sleeper needs a wake-up.
+    if (workerAsleep_) cv_.notify_all();
     return work;
+  }
+
+  // Runs the operation at the front of the queue with the lock released; exactly one thread
+  // executes at a time, which keeps the group's operations in issue order on every rank.
+  void executeFront(std::unique_lock<std::mutex>& lock) {
+    auto work = queue_.front();
+    queue_.pop_front();
+    queued_.fetch_sub(1, std::memory_order_release);
+    executing_.store(true, std::memory_order_release);
+    const std::exception_ptr latched = failed_;
+    lock.unlock();
+    work->execute(latched, options_.timeout);
+    if (auto error = work->exception()) {
+      if (!latched) {
+        latch(error);
+        // Wake the peers still blocked in this operation; they report this rank and the reason.
+        try {
+          std::rethrow_exception(error);
+        } catch (const PeerAbortedError&) {
+        } catch (const std::exception& e) {
+          transport_->abort(e.what());
+        }
+      }
+    }
+    lock.lock();
+    executing_.store(false, std::memory_order_release);
+    if (waiters_ > 0 || workerAsleep_ || !queue_.empty()) cv_.notify_all();
   }
 
   void latch(std::exception_ptr error) {
@@ -279,34 +340,27 @@ class CommunicatorImpl : public Communicator,
     if (!failed_) failed_ = error;
   }
 
+  // The progress thread runs operations nobody waits for yet (gradient buckets during backward).
+  // While the group is busy it polls every kPollUs instead of being woken per operation; after
+  // kDeepSleepMs without work it sleeps until an enqueue wakes it.
   void workLoop() {
     log::setRank(rank_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    Deadline lastActive = Clock::now();
     for (;;) {
-      std::shared_ptr<WorkImpl> work;
-      std::exception_ptr failed;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        work = queue_.front();
-        queue_.pop_front();
-        failed = failed_;
-      }
-      if (failed) {
-        work->finish(failed, 0);
+      if (!executing_ && !queue_.empty()) {
+        executeFront(lock);
+        lastActive = Clock::now();
         continue;
       }
-      const auto start = Clock::now();
-      try {
-        work->run_(start + options_.timeout);
-        work->finish(nullptr, secondsSince(start));
-      } catch (const std::exception& e) {
-        auto error = std::current_exception();
-        HETRA_WARN("comm", work->what_, " failed: ", e.what());
-        latch(error);
-        // Wake the peers still blocked in this operation; they report this rank and the reason.
-        if (!dynamic_cast<const PeerAbortedError*>(&e)) transport_->abort(e.what());
-        work->finish(error, secondsSince(start));
+      if (stopping_ && queue_.empty() && !executing_) return;
+      if (Clock::now() - lastActive < Millis(kDeepSleepMs)) {
+        cv_.wait_for(lock, std::chrono::microseconds(kPollUs));
+      } else {
+        workerAsleep_ = true;
+        cv_.wait(lock, [&] { return stopping_ || (!executing_ && !queue_.empty()); });
+        workerAsleep_ = false;
+        lastActive = Clock::now();
       }
     }
   }
@@ -320,13 +374,42 @@ class CommunicatorImpl : public Communicator,
   uint64_t seq_ = 0;  // touched only by the progress thread
   int splits_ = 0;
 
+  static constexpr int kWaitSpinUs = 50;
+  static constexpr int kPollUs = 200;
+  static constexpr int kDeepSleepMs = 50;
+
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<WorkImpl>> queue_;
+  std::atomic<size_t> queued_{0};       // queue_.size(), readable without the lock
+  std::atomic<bool> executing_{false};  // an operation is running (on any thread)
+  int waiters_ = 0;                     // callers blocked on cv_
+  bool workerAsleep_ = false;           // the progress thread waits for an explicit wake-up
   std::exception_ptr failed_;
   bool stopping_ = false;
   std::thread worker_;
 };
+
+void WorkImpl::wait(Millis timeout) {
+  if (!isCompleted()) owner_->waitFor(*this, timeout);
+  if (error_) std::rethrow_exception(error_);
+}
+
+void WorkImpl::execute(std::exception_ptr latched, Millis timeout) {
+  const auto start = Clock::now();
+  if (latched) {
+    error_ = latched;
+  } else {
+    try {
+      run_(start + timeout);
+    } catch (const std::exception& e) {
+      HETRA_WARN("comm", describe(), " failed: ", e.what());
+      error_ = std::current_exception();
+    }
+  }
+  seconds_ = secondsSince(start);
+  done_.store(true, std::memory_order_release);
+}
 
 std::string readFirstLine(const char* path) {
   std::ifstream in(path);
@@ -339,8 +422,8 @@ std::string readFirstLine(const char* path) {
 
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<store::Store> store, int rank,
                                                    int size, const GroupOptions& options) {
-  return std::make_shared<CommunicatorImpl>(std::make_shared<store::PrefixStore>("world", std::move(store)),
-                                            rank, size, options);
+  return std::make_shared<CommunicatorImpl>(
+      std::make_shared<store::PrefixStore>("world", std::move(store)), rank, size, options);
 }
 
 std::string hostIdentity() {

@@ -10,7 +10,13 @@
 namespace hetra::comm {
 namespace {
 
+// ThreadSanitizer cannot run ifunc resolvers (they run before it initialises), so TSan builds use
+// the baseline loops.
+#if defined(__SANITIZE_THREAD__)
+#define HETRA_CLONES
+#else
 #define HETRA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 template <typename T>
 HETRA_CLONES void reduceTyped(ReduceOp op, T* dst, const T* a, const T* b, size_t n) {
