@@ -1,5 +1,5 @@
-// Collectives over point-to-point transfers (any Transport): ring reduce-scatter and allgather, their
-// composition for allreduce, a pipelined broadcast, a dissemination barrier.
+// Collectives over point-to-point transfers (any Transport): ring reduce-scatter and allgather,
+// their composition for allreduce, a pipelined broadcast, a dissemination barrier.
 #pragma once
 
 #include "comm/algorithms/args.h"

@@ -1,0 +1,441 @@
+// Ring collectives over the tcp transport: every collective x world size x count x dtype (x reduce
+// op), distinct values per rank and element, results checked on every rank. Groups of tcp
+// transports are created once per world size and reused, since connecting 8 ranks costs more than
+// the tests.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "comm/algorithms/ring.h"
+#include "comm/transport/tcp_transport.h"
+#include "common/errors.h"
+#include "harness.h"
+#include "store/store.h"
+
+namespace hetra::comm {
+namespace {
+
+using test::distinctValue;
+using test::runRanks;
+
+constexpr int kWorldSizes[] = {1, 2, 3, 4, 5, 8};
+// With 2 KiB segments (set below), 1000 float32 spans two segments and 5003 (odd) many.
+constexpr size_t kCounts[] = {0, 1, 7, 1000, 5003};
+constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max};
+
+Deadline soon() {
+  return deadlineAfter(Millis(20000));
+}
+
+// --- typed element access through doubles (every test value is exact in its dtype) ---
+
+double load(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::F32:
+      return static_cast<const float*>(p)[i];
+    case DType::F64:
+      return static_cast<const double*>(p)[i];
+    case DType::F16:
+      return hetra::halfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::BF16:
+      return hetra::bfloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::I32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::I64:
+      return double(static_cast<const int64_t*>(p)[i]);
+    case DType::U8:
+      return static_cast<const uint8_t*>(p)[i];
+  }
+  return 0;
+}
+
+void put(DType t, void* p, size_t i, double v) {
+  switch (t) {
+    case DType::F32:
+      static_cast<float*>(p)[i] = float(v);
+      break;
+    case DType::F64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DType::F16:
+      static_cast<uint16_t*>(p)[i] = hetra::floatToHalf(float(v));
+      break;
+    case DType::BF16:
+      static_cast<uint16_t*>(p)[i] = hetra::floatToBFloat16(float(v));
+      break;
+    case DType::I32:
+      static_cast<int32_t*>(p)[i] = int32_t(v);
+      break;
+    case DType::I64:
+      static_cast<int64_t*>(p)[i] = int64_t(v);
+      break;
+    case DType::U8:
+      static_cast<uint8_t*>(p)[i] = uint8_t(int64_t(v) & 0xff);
+      break;
+  }
+}
+
+// v as the dtype stores it (u8 wraps).
+double stored(DType t, double v) {
+  uint8_t cell[8];
+  put(t, cell, 0, v);
+  return load(t, cell, 0);
+}
+
+// Half types and u8 get small integers so that sums of up to 8 ranks stay exact.
+double inputValue(DType t, int rank, size_t i) {
+  const bool small = t == DType::F16 || t == DType::BF16 || t == DType::U8;
+  const double v = distinctValue(rank, i, small);
+  return stored(t, t == DType::U8 ? v + 30 : v);  // integers drop the fraction
+}
+
+double combine(ReduceOp op, double a, double b) {
+  switch (op) {
+    case ReduceOp::Min:
+      return std::min(a, b);
+    case ReduceOp::Max:
+      return std::max(a, b);
+    default:
+      return a + b;
+  }
+}
+
+// The reduction of element i over n ranks, as the dtype stores it (u8 sums wrap).
+double expectedReduced(DType t, ReduceOp op, int n, size_t i) {
+  double acc = inputValue(t, 0, i);
+  for (int r = 1; r < n; ++r) acc = combine(op, acc, inputValue(t, r, i));
+  return stored(t, acc);
+}
+
+// Exact for every dtype: the test values and their sums are representable.
+#define EXPECT_ELEMENTS(count, actualFn, expectedFn, what)                                         \
+  do {                                                                                             \
+    size_t bad = 0;                                                                                \
+    for (size_t i_ = 0; i_ < (count); ++i_) {                                                      \
+      const double got_ = (actualFn)(i_), want_ = (expectedFn)(i_);                                \
+      if (got_ != want_ && !(std::isnan(got_) && std::isnan(want_))) {                             \
+        if (bad++ == 0)                                                                            \
+          ADD_FAILURE() << what << ": element " << i_ << " is " << got_ << ", expected " << want_; \
+      }                                                                                            \
+    }                                                                                              \
+    if (bad > 1) ADD_FAILURE() << what << ": " << bad << " wrong elements in total";               \
+  } while (0)
+
+struct Group {
+  std::vector<std::unique_ptr<Transport>> ranks;
+  uint64_t seq = 0;
+};
+
+std::map<int, Group>& groups() {
+  static std::map<int, Group> all;
+  return all;
+}
+
+// Transports are torn down before exit, while gtest still runs, not by static destructors.
+class GroupsEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override { setenv("HETRA_RING_SEGMENT_BYTES", "2048", 1); }
+  void TearDown() override { groups().clear(); }
+};
+const auto* const kEnvironment = ::testing::AddGlobalTestEnvironment(new GroupsEnvironment);
+
+Group& group(int n) {
+  auto& all = groups();
+  auto found = all.find(n);
+  if (found != all.end()) return found->second;
+  Group& g = all[n];
+  g.ranks.resize(n);
+  auto memory = std::make_shared<store::MemoryStore>();
+  auto prefixed = std::make_shared<store::PrefixStore>(str("ring", n), memory);
+  TcpOptions options;
+  options.timeout = Millis(20000);
+  runRanks(n, [&](int r) { g.ranks[r] = createTcpTransport(prefixed, r, n, options); });
+  return g;
+}
+
+// Runs body(rank, transport, seq) on every rank of the shared group of n.
+void onGroup(int n, const std::function<void(int, Transport&, uint64_t)>& body) {
+  Group& g = group(n);
+  const uint64_t seq = g.seq++;
+  runRanks(n, [&](int r) { body(r, *g.ranks[r], seq); });
+}
+
+std::vector<size_t> unevenCounts(size_t count, int n) {
+  std::vector<size_t> counts(n);
+  for (int b = 0; b < n; ++b) counts[b] = (b % 3 == 1) ? 0 : count + size_t(b) * 3;
+  return counts;
+}
+
+std::string caseName(const char* op, int n, size_t count, DType t) {
+  return str(op, " n=", n, " count=", count, " ", dtypeName(t));
+}
+
+void checkAllreduce(int n, size_t count, DType t, ReduceOp op, bool inPlace) {
+  const size_t es = dtypeSize(t);
+  onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
+    std::vector<uint8_t> in(count * es + 1), out(count * es + 1, 0xee);
+    for (size_t i = 0; i < count; ++i) put(t, in.data(), i, inputValue(t, r, i));
+    AllreduceArgs args;
+    args.in = in.data();
+    args.out = inPlace ? in.data() : out.data();
+    args.count = count;
+    args.dtype = t;
+    args.op = op;
+    args.seq = seq;
+    args.deadline = soon();
+    allreduceRing(transport, args);
+    const void* result = args.out;
+    EXPECT_ELEMENTS(
+        count, [&](size_t i) { return load(t, result, i); },
+        [&](size_t i) { return expectedReduced(t, op, n, i); },
+        caseName("allreduce", n, count, t)
+            << " " << reduceOpName(op) << (inPlace ? " in place" : "") << " rank " << r);
+  });
+}
+
+void checkReduceScatter(int n, const std::vector<size_t>& counts, DType t, ReduceOp op) {
+  const size_t es = dtypeSize(t);
+  const size_t total = totalCount(counts);
+  onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
+    std::vector<uint8_t> in(total * es + 1), out(counts[r] * es + 1, 0xee);
+    for (size_t i = 0; i < total; ++i) put(t, in.data(), i, inputValue(t, r, i));
+    size_t offset = 0;
+    for (int b = 0; b < r; ++b) offset += counts[b];
+    ReduceScatterArgs args;
+    args.in = in.data();
+    args.out = out.data();
+    args.counts = counts;
+    args.dtype = t;
+    args.op = op;
+    args.seq = seq;
+    args.deadline = soon();
+    reduceScatterRing(transport, args);
+    EXPECT_ELEMENTS(
+        counts[r], [&](size_t i) { return load(t, out.data(), i); },
+        [&](size_t i) { return expectedReduced(t, op, n, offset + i); },
+        caseName("reduce-scatter", n, total, t) << " " << reduceOpName(op) << " rank " << r);
+    EXPECT_EQ(out[counts[r] * es], 0xee) << "reduce-scatter wrote past its block on rank " << r;
+  });
+}
+
+void checkAllgather(int n, const std::vector<size_t>& counts, DType t, bool inPlace) {
+  const size_t es = dtypeSize(t);
+  const size_t total = totalCount(counts);
+  std::vector<size_t> offsets(n, 0);
+  for (int b = 1; b < n; ++b) offsets[b] = offsets[b - 1] + counts[b - 1];
+  onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
+    std::vector<uint8_t> in(counts[r] * es + 1), out(total * es + 1, 0xee);
+    void* mine = inPlace ? static_cast<void*>(out.data() + offsets[r] * es) : in.data();
+    for (size_t i = 0; i < counts[r]; ++i) put(t, mine, i, inputValue(t, r, i));
+    AllgatherArgs args;
+    args.in = mine;
+    args.out = out.data();
+    args.counts = counts;
+    args.dtype = t;
+    args.seq = seq;
+    args.deadline = soon();
+    allgatherRing(transport, args);
+    for (int b = 0; b < n; ++b)
+      EXPECT_ELEMENTS(
+          counts[b], [&](size_t i) { return load(t, out.data(), offsets[b] + i); },
+          [&](size_t i) { return stored(t, inputValue(t, b, i)); },
+          caseName("allgather", n, total, t)
+              << " block " << b << (inPlace ? " in place" : "") << " rank " << r);
+    EXPECT_EQ(out[total * es], 0xee) << "allgather wrote past the end on rank " << r;
+  });
+}
+
+void checkBroadcast(int n, size_t count, DType t, int root) {
+  const size_t es = dtypeSize(t);
+  onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
+    std::vector<uint8_t> buf(count * es + 1, 0xee);
+    for (size_t i = 0; i < count; ++i)
+      put(t, buf.data(), i, inputValue(t, r == root ? root : r + 50, i));
+    BroadcastArgs args;
+    args.buf = buf.data();
+    args.count = count;
+    args.dtype = t;
+    args.root = root;
+    args.seq = seq;
+    args.deadline = soon();
+    broadcastPipelined(transport, args);
+    EXPECT_ELEMENTS(
+        count, [&](size_t i) { return load(t, buf.data(), i); },
+        [&](size_t i) { return stored(t, inputValue(t, root, i)); },
+        caseName("broadcast", n, count, t) << " root " << root << " rank " << r);
+  });
+}
+
+class RingWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(RingWorld, AllreduceEveryDtypeCountAndOp) {
+  const int n = GetParam();
+  // Default thresholds (small counts take the direct exchange), then the ring for every count.
+  for (const char* small : {"65536", "0"}) {
+    setenv("HETRA_RING_SMALL_BYTES", small, 1);
+    for (DType t : kAllDTypes)
+      for (size_t count : kCounts)
+        for (ReduceOp op : kOps) {
+          if (op != ReduceOp::Sum && count != 7 && count != 5003) continue;
+          checkAllreduce(n, count, t, op, /*inPlace=*/(count + int(op)) % 2 == 0);
+        }
+  }
+  unsetenv("HETRA_RING_SMALL_BYTES");
+  // Above the direct threshold with the default setting, in place and not.
+  checkAllreduce(n, 20000, DType::F32, ReduceOp::Sum, true);
+  checkAllreduce(n, 20001, DType::F64, ReduceOp::Max, false);
+}
+
+TEST_P(RingWorld, AvgIsReducedAsSum) {
+  const int n = GetParam();
+  checkAllreduce(n, 7, DType::F32, ReduceOp::Sum, false);
+  onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
+    std::vector<float> data(9);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = float(inputValue(DType::F32, r, i));
+    AllreduceArgs args;
+    args.in = args.out = data.data();
+    args.count = data.size();
+    args.op = ReduceOp::Avg;
+    args.seq = seq;
+    args.deadline = soon();
+    allreduceRing(transport, args);
+    for (size_t i = 0; i < data.size(); ++i)
+      EXPECT_EQ(data[i], expectedReduced(DType::F32, ReduceOp::Sum, n, i));
+  });
+}
+
+TEST_P(RingWorld, ReduceScatterEvenAndUneven) {
+  const int n = GetParam();
+  for (DType t : kAllDTypes)
+    for (size_t count : kCounts)
+      for (ReduceOp op : kOps) {
+        if (op != ReduceOp::Sum && count != 7 && count != 1000) continue;
+        checkReduceScatter(n, std::vector<size_t>(n, count), t, op);
+        checkReduceScatter(n, unevenCounts(count, n), t, op);
+      }
+}
+
+TEST_P(RingWorld, AllgatherEvenAndUnevenInPlaceAndNot) {
+  const int n = GetParam();
+  for (DType t : kAllDTypes)
+    for (size_t count : kCounts) {
+      checkAllgather(n, std::vector<size_t>(n, count), t, count % 2 == 0);
+      checkAllgather(n, unevenCounts(count, n), t, count % 2 == 1);
+    }
+}
+
+TEST_P(RingWorld, BroadcastFromAnyRoot) {
+  const int n = GetParam();
+  for (DType t : kAllDTypes)
+    for (size_t count : kCounts)
+      for (int root : {0, n - 1, n / 2}) checkBroadcast(n, count, t, root);
+}
+
+TEST_P(RingWorld, BarrierWaitsForEveryRank) {
+  const int n = GetParam();
+  for (int round = 0; round < 5; ++round) {
+    std::atomic<int> arrived{0};
+    onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
+      // Late ranks make a barrier that lets anyone through early fail the check.
+      if (r == (round % n)) std::this_thread::sleep_for(Millis(20));
+      arrived.fetch_add(1);
+      BarrierArgs args;
+      args.seq = seq;
+      args.deadline = soon();
+      barrierDissemination(transport, args);
+      EXPECT_EQ(arrived.load(), n) << "rank " << r << " left barrier round " << round << " early";
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, RingWorld, ::testing::ValuesIn(kWorldSizes));
+
+// --- mismatched calls: a fresh group each time, since a mismatch fails the group ---
+
+std::vector<std::unique_ptr<Transport>> freshGroup(int n, const std::string& name) {
+  auto memory = std::make_shared<store::MemoryStore>();
+  auto prefixed = std::make_shared<store::PrefixStore>(name, memory);
+  std::vector<std::unique_ptr<Transport>> ranks(n);
+  TcpOptions options;
+  options.timeout = Millis(20000);
+  runRanks(n, [&](int r) { ranks[r] = createTcpTransport(prefixed, r, n, options); });
+  return ranks;
+}
+
+// Every rank must fail within a few seconds (the deadline is 30 s) with an error that says why.
+void expectEveryRankFailsWithReason(int n, const std::function<void(int, Transport&)>& call,
+                                    const char* reasonText) {
+  auto ranks = freshGroup(n, str("mismatch-", reasonText, n));
+  const auto start = Clock::now();
+  auto errors = test::runRanksCollect(n, [&](int r) { call(r, *ranks[r]); });
+  EXPECT_LT(secondsSince(start), 5.0);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " did not fail";
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const MismatchError& e) {
+      EXPECT_NE(std::string(e.what()).find(reasonText), std::string::npos) << e.what();
+    } catch (const PeerAbortedError& e) {
+      EXPECT_NE(std::string(e.what()).find(reasonText), std::string::npos)
+          << "rank " << r << ": " << e.what();
+      EXPECT_GE(e.rank(), 0);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << " failed with an unexpected error: " << e.what();
+    }
+  }
+}
+
+TEST(RingMismatch, CountsDifferOnOneRank) {
+  for (int n : {2, 5}) {
+    expectEveryRankFailsWithReason(
+        n,
+        [&](int r, Transport& transport) {
+          std::vector<float> data(2000, 1.0f);
+          AllreduceArgs args;
+          args.in = args.out = data.data();
+          args.count = r == n / 2 ? 1999 : 2000;  // one rank disagrees
+          args.seq = 0;
+          args.deadline = deadlineAfter(Millis(30000));
+          allreduceRing(transport, args);
+        },
+        "mismatched collective");
+  }
+}
+
+TEST(RingMismatch, UnevenCountsAndRootsDiffer) {
+  expectEveryRankFailsWithReason(
+      4,
+      [&](int r, Transport& transport) {
+        std::vector<size_t> counts{5, 0, 7, 3};
+        if (r == 3) counts = {5, 1, 6, 3};  // same total, different split
+        std::vector<int32_t> in(15, r), out(counts[r]);
+        ReduceScatterArgs args;
+        args.in = in.data();
+        args.out = out.data();
+        args.counts = counts;
+        args.dtype = DType::I32;
+        args.deadline = deadlineAfter(Millis(30000));
+        reduceScatterRing(transport, args);
+      },
+      "mismatched collective");
+  expectEveryRankFailsWithReason(
+      5,
+      [&](int r, Transport& transport) {
+        std::vector<float> data(100, 1.0f);
+        BroadcastArgs args;
+        args.buf = data.data();
+        args.count = data.size();
+        args.root = r == 0 ? 1 : 0;
+        args.deadline = deadlineAfter(Millis(30000));
+        broadcastPipelined(transport, args);
+      },
+      "mismatched collective");
+}
+
+}  // namespace
+}  // namespace hetra::comm
