@@ -23,7 +23,9 @@ float bitsToFloat(uint32_t bits) {
 __attribute__((target("f16c"))) uint16_t hardwareHalf(float f) {
   return uint16_t(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
 }
-__attribute__((target("f16c"))) float hardwareHalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) float hardwareHalfToFloat(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 TEST(DType, HalfToFloatMatchesHardwareOnEveryBitPattern) {
   if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C on this CPU";

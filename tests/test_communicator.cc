@@ -1,5 +1,5 @@
-// The communicator over both transports: transport choice, asynchronous ordered operations, average,
-// split into sub-groups, point-to-point, and error latching.
+// The communicator over both transports: transport choice, asynchronous ordered operations,
+// average, split into sub-groups, point-to-point, and error latching.
 #include <gtest/gtest.h>
 
 #include <numeric>

@@ -12,26 +12,47 @@ namespace {
 // Scalar reference: every element converted to double, reduced, converted back to the dtype.
 double load(DType d, const std::vector<uint8_t>& b, size_t i) {
   switch (d) {
-    case DType::F32: return reinterpret_cast<const float*>(b.data())[i];
-    case DType::F64: return reinterpret_cast<const double*>(b.data())[i];
-    case DType::F16: return hetra::halfToFloat(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case DType::BF16: return hetra::bfloat16ToFloat(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case DType::I32: return reinterpret_cast<const int32_t*>(b.data())[i];
-    case DType::I64: return double(reinterpret_cast<const int64_t*>(b.data())[i]);
-    case DType::U8: return b[i];
+    case DType::F32:
+      return reinterpret_cast<const float*>(b.data())[i];
+    case DType::F64:
+      return reinterpret_cast<const double*>(b.data())[i];
+    case DType::F16:
+      return hetra::halfToFloat(reinterpret_cast<const uint16_t*>(b.data())[i]);
+    case DType::BF16:
+      return hetra::bfloat16ToFloat(reinterpret_cast<const uint16_t*>(b.data())[i]);
+    case DType::I32:
+      return reinterpret_cast<const int32_t*>(b.data())[i];
+    case DType::I64:
+      return double(reinterpret_cast<const int64_t*>(b.data())[i]);
+    case DType::U8:
+      return b[i];
   }
   return 0;
 }
 
 void store(DType d, std::vector<uint8_t>& b, size_t i, double v) {
   switch (d) {
-    case DType::F32: reinterpret_cast<float*>(b.data())[i] = float(v); break;
-    case DType::F64: reinterpret_cast<double*>(b.data())[i] = v; break;
-    case DType::F16: reinterpret_cast<uint16_t*>(b.data())[i] = hetra::floatToHalf(float(v)); break;
-    case DType::BF16: reinterpret_cast<uint16_t*>(b.data())[i] = hetra::floatToBFloat16(float(v)); break;
-    case DType::I32: reinterpret_cast<int32_t*>(b.data())[i] = int32_t(v); break;
-    case DType::I64: reinterpret_cast<int64_t*>(b.data())[i] = int64_t(v); break;
-    case DType::U8: b[i] = uint8_t(v); break;
+    case DType::F32:
+      reinterpret_cast<float*>(b.data())[i] = float(v);
+      break;
+    case DType::F64:
+      reinterpret_cast<double*>(b.data())[i] = v;
+      break;
+    case DType::F16:
+      reinterpret_cast<uint16_t*>(b.data())[i] = hetra::floatToHalf(float(v));
+      break;
+    case DType::BF16:
+      reinterpret_cast<uint16_t*>(b.data())[i] = hetra::floatToBFloat16(float(v));
+      break;
+    case DType::I32:
+      reinterpret_cast<int32_t*>(b.data())[i] = int32_t(v);
+      break;
+    case DType::I64:
+      reinterpret_cast<int64_t*>(b.data())[i] = int64_t(v);
+      break;
+    case DType::U8:
+      b[i] = uint8_t(v);
+      break;
   }
 }
 
@@ -45,7 +66,8 @@ TEST_P(ReduceTest, ManySourcesMatchScalarReference) {
       std::vector<std::vector<uint8_t>> srcs(n, std::vector<uint8_t>(count * dtypeSize(dtype) + 1));
       for (int k = 0; k < n; ++k)
         for (size_t i = 0; i < count; ++i)
-          store(dtype, srcs[k], i, dtype == DType::U8 ? double(rng() % 50) : double(int(rng() % 200) - 100) * 0.5);
+          store(dtype, srcs[k], i,
+                dtype == DType::U8 ? double(rng() % 50) : double(int(rng() % 200) - 100) * 0.5);
       std::vector<const void*> ptrs;
       for (auto& s : srcs) ptrs.push_back(s.data());
       std::vector<uint8_t> out(count * dtypeSize(dtype) + 1);
@@ -54,12 +76,15 @@ TEST_P(ReduceTest, ManySourcesMatchScalarReference) {
         double want = load(dtype, srcs[0], i);
         for (int k = 1; k < n; ++k) {
           const double v = load(dtype, srcs[k], i);
-          want = op == ReduceOp::Min ? std::min(want, v) : op == ReduceOp::Max ? std::max(want, v) : want + v;
+          want = op == ReduceOp::Min   ? std::min(want, v)
+                 : op == ReduceOp::Max ? std::max(want, v)
+                                       : want + v;
         }
         std::vector<uint8_t> rounded(16);
         store(dtype, rounded, 0, want);  // the reference rounds once, as the kernel must
         ASSERT_EQ(load(dtype, out, i), load(dtype, rounded, 0))
-            << dtypeName(dtype) << " " << reduceOpName(op) << " n=" << n << " count=" << count << " i=" << i;
+            << dtypeName(dtype) << " " << reduceOpName(op) << " n=" << n << " count=" << count
+            << " i=" << i;
       }
     }
   }
@@ -76,7 +101,10 @@ TEST_P(ReduceTest, InPlaceOnFirstSource) {
   auto expected = a;
   for (size_t i = 0; i < count; ++i) {
     const double x = load(dtype, a, i), y = load(dtype, b, i);
-    store(dtype, expected, i, op == ReduceOp::Min ? std::min(x, y) : op == ReduceOp::Max ? std::max(x, y) : x + y);
+    store(dtype, expected, i,
+          op == ReduceOp::Min   ? std::min(x, y)
+          : op == ReduceOp::Max ? std::max(x, y)
+                                : x + y);
   }
   reduce(op, dtype, a.data(), a.data(), b.data(), count);
   EXPECT_EQ(a, expected);
@@ -84,7 +112,8 @@ TEST_P(ReduceTest, InPlaceOnFirstSource) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, ReduceTest,
                          ::testing::Combine(::testing::ValuesIn(kAllDTypes),
-                                            ::testing::Values(ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max)),
+                                            ::testing::Values(ReduceOp::Sum, ReduceOp::Min,
+                                                              ReduceOp::Max)),
                          [](const auto& info) {
                            return std::string(dtypeName(std::get<0>(info.param))) + "_" +
                                   reduceOpName(std::get<1>(info.param));

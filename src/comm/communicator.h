@@ -1,9 +1,10 @@
 // Communicator: a group of ranks and the collectives they run together.
 //
-// Every collective returns a Work handle at once; the operations of one communicator run in the order
-// they were issued on its own progress thread, so a caller can overlap communication with compute
-// (gradient buckets during backward). The first failure of an operation (a dead peer, a timeout, a
-// mismatched call) is latched: every later operation of the group fails with the same error.
+// Every collective returns a Work handle at once; the operations of one communicator run in the
+// order they were issued on its own progress thread, so a caller can overlap communication with
+// compute (gradient buckets during backward). The first failure of an operation (a dead peer, a
+// timeout, a mismatched call) is latched: every later operation of the group fails with the same
+// error.
 #pragma once
 
 #include <cstddef>
@@ -47,8 +48,8 @@ using WorkPtr = std::shared_ptr<Work>;
 class Communicator {
  public:
   // Creates a group of `size` ranks; every rank calls it with the same store (prefixed per job).
-  static std::shared_ptr<Communicator> create(std::shared_ptr<store::Store> store, int rank, int size,
-                                              const GroupOptions& options = {});
+  static std::shared_ptr<Communicator> create(std::shared_ptr<store::Store> store, int rank,
+                                              int size, const GroupOptions& options = {});
   virtual ~Communicator() = default;
 
   virtual int rank() const = 0;
@@ -70,6 +71,9 @@ class Communicator {
                             DType dtype) = 0;
   virtual WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual WorkPtr barrier() = 0;
+  // Point-to-point messages run in the group's order like collectives, and a send may complete only
+  // once the peer has posted the matching receive (MPI_Ssend semantics): two ranks that both send
+  // before they receive wait on each other. Order the exchange (lower rank sends first).
   virtual WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint32_t tag = 0) = 0;
   virtual WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint32_t tag = 0) = 0;
 
@@ -77,8 +81,8 @@ class Communicator {
   virtual void abort(const std::string& reason) = 0;
 };
 
-// Identity of the host this process runs on: the hostname plus the kernel's boot id and IPC namespace,
-// so two network-namespace "hosts" on one machine count as different hosts.
+// Identity of the host this process runs on: the hostname plus the kernel's boot id and IPC
+// namespace, so two network-namespace "hosts" on one machine count as different hosts.
 std::string hostIdentity();
 
 }  // namespace hetra::comm

@@ -38,9 +38,13 @@ HETRA_CLONES void reduceTyped(ReduceOp op, T* dst, const T* a, const T* b, size_
 
 // NaN propagation for min/max on floats: a NaN in either input gives NaN, as in torch.
 template <typename T>
-inline T nanMin(T a, T b) { return (a != a || b != b) ? (a != a ? a : b) : (b < a ? b : a); }
+inline T nanMin(T a, T b) {
+  return (a != a || b != b) ? (a != a ? a : b) : (b < a ? b : a);
+}
 template <typename T>
-inline T nanMax(T a, T b) { return (a != a || b != b) ? (a != a ? a : b) : (a < b ? b : a); }
+inline T nanMax(T a, T b) {
+  return (a != a || b != b) ? (a != a ? a : b) : (a < b ? b : a);
+}
 
 template <typename T>
 HETRA_CLONES void reduceFloat(ReduceOp op, T* dst, const T* a, const T* b, size_t n) {
@@ -66,7 +70,8 @@ bool hasF16c() {
   return has;
 }
 
-__attribute__((target("f16c,avx2"))) void halfToFloatF16c(const uint16_t* src, float* dst, size_t n) {
+__attribute__((target("f16c,avx2"))) void halfToFloatF16c(const uint16_t* src, float* dst,
+                                                          size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -75,7 +80,8 @@ __attribute__((target("f16c,avx2"))) void halfToFloatF16c(const uint16_t* src, f
   for (; i < n; ++i) dst[i] = hetra::halfToFloat(src[i]);
 }
 
-__attribute__((target("f16c,avx2"))) void floatToHalfF16c(const float* src, uint16_t* dst, size_t n) {
+__attribute__((target("f16c,avx2"))) void floatToHalfF16c(const float* src, uint16_t* dst,
+                                                          size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
@@ -102,13 +108,17 @@ HETRA_CLONES void floatToBf16Loop(const float* src, uint16_t* dst, size_t n) {
 }
 
 void toFloat(DType dtype, const void* src, float* dst, size_t n) {
-  if (dtype == DType::F16) halfToFloat(static_cast<const uint16_t*>(src), dst, n);
-  else bfloat16ToFloat(static_cast<const uint16_t*>(src), dst, n);
+  if (dtype == DType::F16)
+    halfToFloat(static_cast<const uint16_t*>(src), dst, n);
+  else
+    bfloat16ToFloat(static_cast<const uint16_t*>(src), dst, n);
 }
 
 void fromFloat(DType dtype, const float* src, void* dst, size_t n) {
-  if (dtype == DType::F16) floatToHalf(src, static_cast<uint16_t*>(dst), n);
-  else floatToBFloat16(src, static_cast<uint16_t*>(dst), n);
+  if (dtype == DType::F16)
+    floatToHalf(src, static_cast<uint16_t*>(dst), n);
+  else
+    floatToBFloat16(src, static_cast<uint16_t*>(dst), n);
 }
 
 void reduceManyHalf(ReduceOp op, DType dtype, void* dst, const void* const* srcs, int n,
@@ -138,12 +148,16 @@ void reduceManyTyped(ReduceOp op, T* dst, const void* const* srcs, int n, size_t
       continue;
     }
     const T* second = static_cast<const T*>(srcs[1]) + start;
-    if constexpr (std::is_floating_point_v<T>) reduceFloat<T>(op, dst + start, first, second, len);
-    else reduceTyped<T>(op, dst + start, first, second, len);
+    if constexpr (std::is_floating_point_v<T>)
+      reduceFloat<T>(op, dst + start, first, second, len);
+    else
+      reduceTyped<T>(op, dst + start, first, second, len);
     for (int k = 2; k < n; ++k) {
       const T* src = static_cast<const T*>(srcs[k]) + start;
-      if constexpr (std::is_floating_point_v<T>) reduceFloat<T>(op, dst + start, dst + start, src, len);
-      else reduceTyped<T>(op, dst + start, dst + start, src, len);
+      if constexpr (std::is_floating_point_v<T>)
+        reduceFloat<T>(op, dst + start, dst + start, src, len);
+      else
+        reduceTyped<T>(op, dst + start, dst + start, src, len);
     }
   }
 }
@@ -157,10 +171,14 @@ HETRA_CLONES void divideTyped(T* dst, size_t n, T divisor) {
 
 const char* reduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::Max: return "max";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Max:
+      return "max";
   }
   return "?";
 }
@@ -181,8 +199,12 @@ void floatToHalf(const float* src, uint16_t* dst, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = hetra::floatToHalf(src[i]);
 }
 
-void bfloat16ToFloat(const uint16_t* src, float* dst, size_t count) { bf16ToFloatLoop(src, dst, count); }
-void floatToBFloat16(const float* src, uint16_t* dst, size_t count) { floatToBf16Loop(src, dst, count); }
+void bfloat16ToFloat(const uint16_t* src, float* dst, size_t count) {
+  bf16ToFloatLoop(src, dst, count);
+}
+void floatToBFloat16(const float* src, uint16_t* dst, size_t count) {
+  floatToBf16Loop(src, dst, count);
+}
 
 void reduce(ReduceOp op, DType dtype, void* dst, const void* a, const void* b, size_t count) {
   const void* srcs[2] = {a, b};
@@ -192,24 +214,35 @@ void reduce(ReduceOp op, DType dtype, void* dst, const void* a, const void* b, s
 void reduceMany(ReduceOp op, DType dtype, void* dst, const void* const* srcs, int n, size_t count) {
   HETRA_ENFORCE_GE(n, 1);
   switch (dtype) {
-    case DType::F32: return reduceManyTyped<float>(op, static_cast<float*>(dst), srcs, n, count);
-    case DType::F64: return reduceManyTyped<double>(op, static_cast<double*>(dst), srcs, n, count);
-    case DType::I32: return reduceManyTyped<int32_t>(op, static_cast<int32_t*>(dst), srcs, n, count);
-    case DType::I64: return reduceManyTyped<int64_t>(op, static_cast<int64_t*>(dst), srcs, n, count);
-    case DType::U8: return reduceManyTyped<uint8_t>(op, static_cast<uint8_t*>(dst), srcs, n, count);
+    case DType::F32:
+      return reduceManyTyped<float>(op, static_cast<float*>(dst), srcs, n, count);
+    case DType::F64:
+      return reduceManyTyped<double>(op, static_cast<double*>(dst), srcs, n, count);
+    case DType::I32:
+      return reduceManyTyped<int32_t>(op, static_cast<int32_t*>(dst), srcs, n, count);
+    case DType::I64:
+      return reduceManyTyped<int64_t>(op, static_cast<int64_t*>(dst), srcs, n, count);
+    case DType::U8:
+      return reduceManyTyped<uint8_t>(op, static_cast<uint8_t*>(dst), srcs, n, count);
     case DType::F16:
-    case DType::BF16: return reduceManyHalf(op, dtype, dst, srcs, n, count);
+    case DType::BF16:
+      return reduceManyHalf(op, dtype, dst, srcs, n, count);
   }
 }
 
 void divide(DType dtype, void* dst, size_t count, int divisor) {
   HETRA_ENFORCE_GT(divisor, 0);
   switch (dtype) {
-    case DType::F32: return divideTyped<float>(static_cast<float*>(dst), count, float(divisor));
-    case DType::F64: return divideTyped<double>(static_cast<double*>(dst), count, double(divisor));
-    case DType::I32: return divideTyped<int32_t>(static_cast<int32_t*>(dst), count, divisor);
-    case DType::I64: return divideTyped<int64_t>(static_cast<int64_t*>(dst), count, divisor);
-    case DType::U8: return divideTyped<uint8_t>(static_cast<uint8_t*>(dst), count, uint8_t(divisor));
+    case DType::F32:
+      return divideTyped<float>(static_cast<float*>(dst), count, float(divisor));
+    case DType::F64:
+      return divideTyped<double>(static_cast<double*>(dst), count, double(divisor));
+    case DType::I32:
+      return divideTyped<int32_t>(static_cast<int32_t*>(dst), count, divisor);
+    case DType::I64:
+      return divideTyped<int64_t>(static_cast<int64_t*>(dst), count, divisor);
+    case DType::U8:
+      return divideTyped<uint8_t>(static_cast<uint8_t*>(dst), count, uint8_t(divisor));
     case DType::F16:
     case DType::BF16: {
       alignas(64) float block[kBlock];

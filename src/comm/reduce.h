@@ -1,6 +1,6 @@
-// Element-wise reduction kernels on raw buffers. Vectorised: the float and integer loops are compiled
-// for AVX-512, AVX2 and baseline x86-64 and picked at run time (target_clones); half types convert with
-// F16C when the CPU has it. float16 and bfloat16 are always added in float32.
+// Element-wise reduction kernels on raw buffers. Vectorised: the float and integer loops are
+// compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time (target_clones); half types
+// convert with F16C when the CPU has it. float16 and bfloat16 are always added in float32.
 #pragma once
 
 #include <cstddef>

@@ -8,26 +8,40 @@ namespace hetra {
 
 size_t dtypeSize(DType dtype) {
   switch (dtype) {
-    case DType::F32: return 4;
-    case DType::F64: return 8;
-    case DType::F16: return 2;
-    case DType::BF16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
+    case DType::F32:
+      return 4;
+    case DType::F64:
+      return 8;
+    case DType::F16:
+      return 2;
+    case DType::BF16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
   }
   throw EnforceError(str("unknown dtype ", int(dtype)));
 }
 
 const char* dtypeName(DType dtype) {
   switch (dtype) {
-    case DType::F32: return "float32";
-    case DType::F64: return "float64";
-    case DType::F16: return "float16";
-    case DType::BF16: return "bfloat16";
-    case DType::I32: return "int32";
-    case DType::I64: return "int64";
-    case DType::U8: return "uint8";
+    case DType::F32:
+      return "float32";
+    case DType::F64:
+      return "float64";
+    case DType::F16:
+      return "float16";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::I32:
+      return "int32";
+    case DType::I64:
+      return "int64";
+    case DType::U8:
+      return "uint8";
   }
   return "unknown";
 }
@@ -37,9 +51,9 @@ DType parseDType(std::string_view name) {
     const char* shortName;
     DType dtype;
   };
-  static constexpr Alias kShort[] = {{"f32", DType::F32}, {"f64", DType::F64}, {"f16", DType::F16},
-                                     {"bf16", DType::BF16}, {"i32", DType::I32}, {"i64", DType::I64},
-                                     {"u8", DType::U8}};
+  static constexpr Alias kShort[] = {
+      {"f32", DType::F32}, {"f64", DType::F64}, {"f16", DType::F16}, {"bf16", DType::BF16},
+      {"i32", DType::I32}, {"i64", DType::I64}, {"u8", DType::U8}};
   for (const auto& alias : kShort) {
     if (name == alias.shortName || name == dtypeName(alias.dtype)) return alias.dtype;
   }
@@ -61,8 +75,9 @@ uint16_t floatToHalf(float value) {
     return uint16_t(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0));
   }
   if (absx >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: overflow to Inf
-  if (absx < 0x38800000u) {                                   // below the smallest normal half
-    // Subnormal half: value = mantissa * 2^-24. Add the implicit bit, shift with round to nearest even.
+  if (absx < 0x38800000u) {                                  // below the smallest normal half
+    // Subnormal half: value = mantissa * 2^-24. Add the implicit bit, shift with round to nearest
+    // even.
     if (absx < 0x33000000u) return uint16_t(sign);  // below half of the smallest subnormal
     const uint32_t exponent = absx >> 23;
     const uint32_t mantissa = (absx & 0x7fffffu) | 0x800000u;

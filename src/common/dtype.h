@@ -1,5 +1,5 @@
-// Element types that hetra moves and reduces. The comm layer works on raw buffers with a DType and an
-// element count, never on framework tensors.
+// Element types that hetra moves and reduces. The comm layer works on raw buffers with a DType and
+// an element count, never on framework tensors.
 #pragma once
 
 #include <cstddef>
@@ -16,7 +16,8 @@ constexpr DType kAllDTypes[] = {DType::F32, DType::F64, DType::F16, DType::BF16,
 
 size_t dtypeSize(DType dtype);
 const char* dtypeName(DType dtype);  // "float32", "float16", ...
-// Accepts the names above and the short forms f32, f64, f16, bf16, i32, i64, u8; throws ConfigError.
+// Accepts the names above and the short forms f32, f64, f16, bf16, i32, i64, u8; throws
+// ConfigError.
 DType parseDType(std::string_view name);
 bool isFloating(DType dtype);
 

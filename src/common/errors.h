@@ -1,8 +1,9 @@
 // Error handling for every layer of hetra.
 //
 // Two tiers, as in Gloo: HETRA_ENFORCE* checks invariants (a bug or a misuse of an API) and throws
-// EnforceError with both operand values, the file and the line; typed exceptions report faults a caller
-// can handle (a peer that died, a timeout, a bad configuration). Nothing here aborts the process.
+// EnforceError with both operand values, the file and the line; typed exceptions report faults a
+// caller can handle (a peer that died, a timeout, a bad configuration). Nothing here aborts the
+// process.
 #pragma once
 
 #include <sstream>
@@ -50,8 +51,8 @@ class MismatchError : public Error {
   using Error::Error;
 };
 
-// A configuration value or an argument is not allowed. The message names the key, the value and what
-// is allowed.
+// A configuration value or an argument is not allowed. The message names the key, the value and
+// what is allowed.
 class ConfigError : public Error {
  public:
   using Error::Error;
@@ -79,19 +80,19 @@ std::string str(const Args&... args) {
 
 }  // namespace hetra
 
-#define HETRA_ENFORCE(cond, ...)                                                        \
-  do {                                                                                  \
+#define HETRA_ENFORCE(cond, ...)                                                              \
+  do {                                                                                        \
     if (!(cond)) ::hetra::throwEnforce(__FILE__, __LINE__, #cond, ::hetra::str(__VA_ARGS__)); \
   } while (0)
 
-#define HETRA_ENFORCE_BINARY_(op, a, b, ...)                                               \
-  do {                                                                                     \
-    const auto& hetra_a_ = (a);                                                            \
-    const auto& hetra_b_ = (b);                                                            \
-    if (!(hetra_a_ op hetra_b_))                                                           \
-      ::hetra::throwEnforce(__FILE__, __LINE__,                                            \
+#define HETRA_ENFORCE_BINARY_(op, a, b, ...)                                                       \
+  do {                                                                                             \
+    const auto& hetra_a_ = (a);                                                                    \
+    const auto& hetra_b_ = (b);                                                                    \
+    if (!(hetra_a_ op hetra_b_))                                                                   \
+      ::hetra::throwEnforce(__FILE__, __LINE__,                                                    \
                             ::hetra::str(#a " " #op " " #b " (", hetra_a_, " vs ", hetra_b_, ")"), \
-                            ::hetra::str(__VA_ARGS__));                                    \
+                            ::hetra::str(__VA_ARGS__));                                            \
   } while (0)
 
 #define HETRA_ENFORCE_EQ(a, b, ...) HETRA_ENFORCE_BINARY_(==, a, b, __VA_ARGS__)

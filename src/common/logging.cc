@@ -15,9 +15,10 @@ namespace hetra::log {
 namespace {
 
 const Param kLogLevel("HETRA_LOG", "warn", "Log level: error, warn, info or debug.");
-const Param kLogSubsys("HETRA_LOG_SUBSYS", "",
-                       "Comma-separated subsystems to log (comm, store, device, balance, train, cli); "
-                       "a leading ^ logs all but those. Empty logs all.");
+const Param kLogSubsys(
+    "HETRA_LOG_SUBSYS", "",
+    "Comma-separated subsystems to log (comm, store, device, balance, train, cli); "
+    "a leading ^ logs all but those. Empty logs all.");
 
 struct Config {
   Level level = Level::Warn;
@@ -34,10 +35,14 @@ std::atomic<int> processRank{-1};
 Config readConfig() {
   Config c;
   const std::string level = kLogLevel.str();
-  if (level == "error") c.level = Level::Error;
-  else if (level == "info") c.level = Level::Info;
-  else if (level == "debug" || level == "trace") c.level = Level::Debug;
-  else c.level = Level::Warn;
+  if (level == "error")
+    c.level = Level::Error;
+  else if (level == "info")
+    c.level = Level::Info;
+  else if (level == "debug" || level == "trace")
+    c.level = Level::Debug;
+  else
+    c.level = Level::Warn;
   std::string subsys = kLogSubsys.str();
   if (!subsys.empty() && subsys[0] == '^') {
     c.exclude = true;
@@ -59,10 +64,14 @@ struct Init {
 
 const char* levelName(Level level) {
   switch (level) {
-    case Level::Error: return "ERROR";
-    case Level::Warn: return "WARN";
-    case Level::Info: return "INFO";
-    case Level::Debug: return "DEBUG";
+    case Level::Error:
+      return "ERROR";
+    case Level::Warn:
+      return "WARN";
+    case Level::Info:
+      return "INFO";
+    case Level::Debug:
+      return "DEBUG";
   }
   return "?";
 }

@@ -24,8 +24,8 @@ Param::Param(std::string env, std::string defaultValue, std::string description)
     : env_(std::move(env)), default_(std::move(defaultValue)) {
   std::lock_guard<std::mutex> lock(registryMutex());
   auto& params = registry();
-  auto found = std::find_if(params.begin(), params.end(),
-                            [&](const ParamInfo& p) { return p.env == env_; });
+  auto found =
+      std::find_if(params.begin(), params.end(), [&](const ParamInfo& p) { return p.env == env_; });
   if (found == params.end()) params.push_back({env_, default_, std::move(description)});
 }
 
@@ -62,7 +62,8 @@ bool Param::flag() const {
   if (value == "1" || value == "true" || value == "yes" || value == "on") return true;
   if (value == "0" || value == "false" || value == "no" || value == "off" || value.empty())
     return false;
-  throw ConfigError(hetra::str(env_, "='", value, "' is not a flag; allowed: 1/0, true/false, yes/no, on/off"));
+  throw ConfigError(
+      hetra::str(env_, "='", value, "' is not a flag; allowed: 1/0, true/false, yes/no, on/off"));
 }
 
 std::vector<ParamInfo> allParams() {

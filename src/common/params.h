@@ -14,13 +14,15 @@ struct ParamInfo {
   std::string description;
 };
 
-// Registers a parameter (idempotent) and returns its current value: the environment variable if set,
-// else the default. Declare parameters as function-local statics or at namespace scope via Param.
+// Registers a parameter (idempotent) and returns its current value: the environment variable if
+// set, else the default. Declare parameters as function-local statics or at namespace scope via
+// Param.
 class Param {
  public:
   Param(std::string env, std::string defaultValue, std::string description);
   std::string str() const;
-  int64_t integer() const;  // throws ConfigError naming the variable when the value is not an integer
+  int64_t integer()
+      const;  // throws ConfigError naming the variable when the value is not an integer
   double number() const;
   bool flag() const;  // 1/0, true/false, yes/no, on/off
   const std::string& env() const { return env_; }

@@ -10,7 +10,9 @@ using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 using Millis = std::chrono::milliseconds;
 
-inline Deadline deadlineAfter(Millis timeout) { return Clock::now() + timeout; }
+inline Deadline deadlineAfter(Millis timeout) {
+  return Clock::now() + timeout;
+}
 
 inline Millis remaining(Deadline deadline) {
   auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());

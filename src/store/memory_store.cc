@@ -63,8 +63,8 @@ void MemoryStore::wait(const std::vector<std::string>& keys, Millis timeout) {
     return true;
   };
   if (!state_->changed.wait_for(lock, timeout, present))
-    throw TimeoutError(str("store wait timed out after ", timeout.count(), " ms for keys ",
-                           describeKeys(keys)));
+    throw TimeoutError(
+        str("store wait timed out after ", timeout.count(), " ms for keys ", describeKeys(keys)));
 }
 
 bool MemoryStore::check(const std::vector<std::string>& keys) {

@@ -1,6 +1,6 @@
 // Store: the key/value rendezvous through which ranks find each other (c10d's Store, Gloo's
-// rendezvous). Values are bytes. Every blocking call takes a timeout and throws TimeoutError naming the
-// keys it waited for.
+// rendezvous). Values are bytes. Every blocking call takes a timeout and throws TimeoutError naming
+// the keys it waited for.
 #pragma once
 
 #include <cstdint>
@@ -48,14 +48,24 @@ class PrefixStore : public Store {
  public:
   PrefixStore(std::string prefix, std::shared_ptr<Store> inner)
       : prefix_(std::move(prefix) + "/"), inner_(std::move(inner)) {}
-  void set(const std::string& key, const Bytes& value) override { inner_->set(prefix_ + key, value); }
-  Bytes get(const std::string& key, Millis timeout) override { return inner_->get(prefix_ + key, timeout); }
-  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(prefix_ + key, delta); }
+  void set(const std::string& key, const Bytes& value) override {
+    inner_->set(prefix_ + key, value);
+  }
+  Bytes get(const std::string& key, Millis timeout) override {
+    return inner_->get(prefix_ + key, timeout);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return inner_->add(prefix_ + key, delta);
+  }
   Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override {
     return inner_->compareSet(prefix_ + key, expected, desired);
   }
-  void wait(const std::vector<std::string>& keys, Millis timeout) override { inner_->wait(prefixed(keys), timeout); }
-  bool check(const std::vector<std::string>& keys) override { return inner_->check(prefixed(keys)); }
+  void wait(const std::vector<std::string>& keys, Millis timeout) override {
+    inner_->wait(prefixed(keys), timeout);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return inner_->check(prefixed(keys));
+  }
   bool deleteKey(const std::string& key) override { return inner_->deleteKey(prefix_ + key); }
   const std::shared_ptr<Store>& inner() const { return inner_; }
 

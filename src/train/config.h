@@ -56,13 +56,13 @@ struct TrainConfig {
   double weightDecay = 0.0;
   std::vector<double> betas = {0.9, 0.999};  // adam, adamw
   double eps = 1e-8;                         // adam, adamw
-  std::string lrSchedule = "constant";       // constant | cosine (to 0 at the last step)
-  int64_t warmupSteps = 0;                   // linear warm-up from 0 to lr over these steps
-  double gradClip = 0.0;                     // max global gradient L2 norm; 0 = off
-  int64_t seed = 1;                          // model init, data order, synthetic data
-  int64_t evalEvery = 0;                     // evaluate every N steps; 0 = only at the end
-  int64_t logEvery = 10;                     // console line every N steps; 0 = none
-  int64_t checkpointEvery = 0;               // save every N steps; 0 = off
+  std::string lrSchedule = "constant";  // constant | cosine (reaches 0 one step after the last)
+  int64_t warmupSteps = 0;              // linear warm-up from 0 to lr over these steps
+  double gradClip = 0.0;                // max global gradient L2 norm; 0 = off
+  int64_t seed = 1;                     // model init, data order, synthetic data
+  int64_t evalEvery = 0;                // evaluate every N steps; 0 = only at the end
+  int64_t logEvery = 10;                // console line every N steps; 0 = none
+  int64_t checkpointEvery = 0;          // save every N steps; 0 = off
   std::string checkpointDir = "checkpoints";
   double bucketMib = 25.0;  // gradient bucket size for the overlapped allreduce
   bool operator==(const TrainConfig&) const = default;

@@ -1,8 +1,9 @@
-// Vocabulary (nccl-tests): *size* is the bytes of the whole buffer an operation works on (the input of
-// allreduce and reduce-scatter, the output of allgather, the buffer of broadcast); *count* its elements.
-// time = median over iterations of the slowest rank's time; algbw = size / time; busbw = algbw times
-// the factor that turns it into the bytes each link must carry (2(n-1)/n for allreduce, (n-1)/n for
-// reduce-scatter and allgather, 1 for broadcast), so it can be compared with the link's bandwidth.
+// Vocabulary (nccl-tests): *size* is the bytes of the whole buffer an operation works on (the input
+// of allreduce and reduce-scatter, the output of allgather, the buffer of broadcast); *count* its
+// elements. time = median over iterations of the slowest rank's time; algbw = size / time; busbw =
+// algbw times the factor that turns it into the bytes each link must carry (2(n-1)/n for allreduce,
+// (n-1)/n for reduce-scatter and allgather, 1 for broadcast), so it can be compared with the link's
+// bandwidth.
 #include "bench_command.h"
 
 #include <algorithm>
@@ -29,15 +30,20 @@ Collective parseCollective(const std::string& name) {
   if (name == "reducescatter") return Collective::ReduceScatter;
   if (name == "allgather") return Collective::Allgather;
   if (name == "broadcast") return Collective::Broadcast;
-  throw ConfigError(str("collective '", name, "' is not supported; allowed: allreduce, reducescatter, allgather, broadcast"));
+  throw ConfigError(
+      str("collective '", name,
+          "' is not supported; allowed: allreduce, reducescatter, allgather, broadcast"));
 }
 
 double busFactor(Collective c, int n) {
   switch (c) {
-    case Collective::Allreduce: return 2.0 * (n - 1) / n;
+    case Collective::Allreduce:
+      return 2.0 * (n - 1) / n;
     case Collective::ReduceScatter:
-    case Collective::Allgather: return double(n - 1) / n;
-    case Collective::Broadcast: return 1.0;
+    case Collective::Allgather:
+      return double(n - 1) / n;
+    case Collective::Broadcast:
+      return 1.0;
   }
   return 1.0;
 }
@@ -47,33 +53,57 @@ double busFactor(Collective c, int n) {
 double inputValue(DType dtype, int rank, size_t i) {
   switch (dtype) {
     case DType::F16:
-    case DType::BF16: return double(int((rank * 3 + i * 7) % 11) - 5);
-    case DType::U8: return double((rank * 3 + i) % 7);
-    default: return double(int((rank * 131 + i * 17) % 1009) - 504);
+    case DType::BF16:
+      return double(int((rank * 3 + i * 7) % 11) - 5);
+    case DType::U8:
+      return double((rank * 3 + i) % 7);
+    default:
+      return double(int((rank * 131 + i * 17) % 1009) - 504);
   }
 }
 
 void storeValue(DType dtype, void* buf, size_t i, double v) {
   switch (dtype) {
-    case DType::F32: static_cast<float*>(buf)[i] = float(v); break;
-    case DType::F64: static_cast<double*>(buf)[i] = v; break;
-    case DType::F16: static_cast<uint16_t*>(buf)[i] = floatToHalf(float(v)); break;
-    case DType::BF16: static_cast<uint16_t*>(buf)[i] = floatToBFloat16(float(v)); break;
-    case DType::I32: static_cast<int32_t*>(buf)[i] = int32_t(v); break;
-    case DType::I64: static_cast<int64_t*>(buf)[i] = int64_t(v); break;
-    case DType::U8: static_cast<uint8_t*>(buf)[i] = uint8_t(v); break;
+    case DType::F32:
+      static_cast<float*>(buf)[i] = float(v);
+      break;
+    case DType::F64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case DType::F16:
+      static_cast<uint16_t*>(buf)[i] = floatToHalf(float(v));
+      break;
+    case DType::BF16:
+      static_cast<uint16_t*>(buf)[i] = floatToBFloat16(float(v));
+      break;
+    case DType::I32:
+      static_cast<int32_t*>(buf)[i] = int32_t(v);
+      break;
+    case DType::I64:
+      static_cast<int64_t*>(buf)[i] = int64_t(v);
+      break;
+    case DType::U8:
+      static_cast<uint8_t*>(buf)[i] = uint8_t(v);
+      break;
   }
 }
 
 double loadValue(DType dtype, const void* buf, size_t i) {
   switch (dtype) {
-    case DType::F32: return static_cast<const float*>(buf)[i];
-    case DType::F64: return static_cast<const double*>(buf)[i];
-    case DType::F16: return halfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DType::BF16: return bfloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DType::I32: return static_cast<const int32_t*>(buf)[i];
-    case DType::I64: return double(static_cast<const int64_t*>(buf)[i]);
-    case DType::U8: return static_cast<const uint8_t*>(buf)[i];
+    case DType::F32:
+      return static_cast<const float*>(buf)[i];
+    case DType::F64:
+      return static_cast<const double*>(buf)[i];
+    case DType::F16:
+      return halfToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DType::BF16:
+      return bfloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DType::I32:
+      return static_cast<const int32_t*>(buf)[i];
+    case DType::I64:
+      return double(static_cast<const int64_t*>(buf)[i]);
+    case DType::U8:
+      return static_cast<const uint8_t*>(buf)[i];
   }
   return 0;
 }
@@ -82,9 +112,12 @@ double expectedReduction(const BenchOptions& o, int n, size_t i) {
   double acc = inputValue(o.dtype, 0, i);
   for (int r = 1; r < n; ++r) {
     const double v = inputValue(o.dtype, r, i);
-    if (o.op == comm::ReduceOp::Min) acc = std::min(acc, v);
-    else if (o.op == comm::ReduceOp::Max) acc = std::max(acc, v);
-    else acc += v;
+    if (o.op == comm::ReduceOp::Min)
+      acc = std::min(acc, v);
+    else if (o.op == comm::ReduceOp::Max)
+      acc = std::max(acc, v);
+    else
+      acc += v;
   }
   if (o.op == comm::ReduceOp::Avg) acc = isFloating(o.dtype) ? acc / n : std::trunc(acc / n);
   return acc;
@@ -104,7 +137,8 @@ struct Buffers {
 
 class Bench {
  public:
-  Bench(const BenchOptions& o, comm::Communicator& comm) : o_(o), comm_(comm), kind_(parseCollective(o.collective)) {}
+  Bench(const BenchOptions& o, comm::Communicator& comm)
+      : o_(o), comm_(comm), kind_(parseCollective(o.collective)) {}
 
   // Elements per operation for a requested size, rounded so every rank gets an equal block.
   size_t countFor(size_t bytes) const {
@@ -124,15 +158,20 @@ class Bench {
     b.in.assign(std::max<size_t>(inCount, 1) * elem, 0);
     b.out.assign(std::max<size_t>(outCount, 1) * elem, 0);
     const size_t offset = kind_ == Collective::Allgather ? size_t(comm_.rank()) * (count / n) : 0;
-    for (size_t i = 0; i < inCount; ++i) storeValue(o_.dtype, b.in.data(), i, inputValue(o_.dtype, comm_.rank(), offset + i));
+    for (size_t i = 0; i < inCount; ++i)
+      storeValue(o_.dtype, b.in.data(), i, inputValue(o_.dtype, comm_.rank(), offset + i));
   }
 
   comm::WorkPtr start(size_t count, Buffers& b) const {
     switch (kind_) {
-      case Collective::Allreduce: return comm_.allreduce(b.in.data(), b.out.data(), count, o_.dtype, o_.op);
-      case Collective::ReduceScatter: return comm_.reduceScatter(b.in.data(), b.out.data(), b.counts, o_.dtype, o_.op);
-      case Collective::Allgather: return comm_.allgather(b.in.data(), b.out.data(), b.counts, o_.dtype);
-      case Collective::Broadcast: return comm_.broadcast(comm_.rank() == 0 ? b.in.data() : b.out.data(), count, o_.dtype, 0);
+      case Collective::Allreduce:
+        return comm_.allreduce(b.in.data(), b.out.data(), count, o_.dtype, o_.op);
+      case Collective::ReduceScatter:
+        return comm_.reduceScatter(b.in.data(), b.out.data(), b.counts, o_.dtype, o_.op);
+      case Collective::Allgather:
+        return comm_.allgather(b.in.data(), b.out.data(), b.counts, o_.dtype);
+      case Collective::Broadcast:
+        return comm_.broadcast(comm_.rank() == 0 ? b.in.data() : b.out.data(), count, o_.dtype, 0);
     }
     return nullptr;
   }
@@ -149,7 +188,8 @@ class Bench {
       case Collective::ReduceScatter: {
         const size_t block = count / n;
         for (size_t i = 0; i < block; ++i)
-          wrong += !matches(o_, loadValue(o_.dtype, b.out.data(), i), expectedReduction(o_, n, rank * block + i));
+          wrong += !matches(o_, loadValue(o_.dtype, b.out.data(), i),
+                            expectedReduction(o_, n, rank * block + i));
         break;
       }
       case Collective::Allgather: {
@@ -193,12 +233,17 @@ size_t parseSize(const std::string& text) {
   }
   double scale = 1;
   const std::string suffix = text.substr(used);
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024.0;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty()) used = 0;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    scale = 1024.0;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB")
+    scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty())
+    used = 0;
   if (used == 0 || value < 0)
-    throw ConfigError(str("size '", text, "' is not a size; use bytes with an optional K, M or G suffix (e.g. 64M)"));
+    throw ConfigError(str(
+        "size '", text, "' is not a size; use bytes with an optional K, M or G suffix (e.g. 64M)"));
   return size_t(value * scale);
 }
 
@@ -217,9 +262,10 @@ int runBenchRank(const BenchOptions& o) {
   const int n = comm->size();
 
   if (leader) {
-    std::printf("# hetra bench %s: %d ranks, transport %s, dtype %s, op %s, warmup %d, iters %d\n#\n",
-                o.collective.c_str(), n, comm->transportName(), dtypeName(o.dtype), comm::reduceOpName(o.op),
-                o.warmup, o.iters);
+    std::printf(
+        "# hetra bench %s: %d ranks, transport %s, dtype %s, op %s, warmup %d, iters %d\n#\n",
+        o.collective.c_str(), n, comm->transportName(), dtypeName(o.dtype),
+        comm::reduceOpName(o.op), o.warmup, o.iters);
     std::printf("# %12s %12s %9s %11s %12s %12s %7s\n", "size(B)", "count", "type", "time(us)",
                 "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     std::fflush(stdout);
@@ -227,7 +273,8 @@ int runBenchRank(const BenchOptions& o) {
 
   nlohmann::json rows = nlohmann::json::array();
   size_t totalWrong = 0;
-  for (double bytes = double(o.minBytes); bytes <= double(o.maxBytes) * 1.0000001; bytes *= o.factor) {
+  for (double bytes = double(o.minBytes); bytes <= double(o.maxBytes) * 1.0000001;
+       bytes *= o.factor) {
     const size_t count = bench.countFor(size_t(bytes));
     const size_t sizeBytes = count * dtypeSize(o.dtype);
     Buffers buffers;
@@ -245,18 +292,24 @@ int runBenchRank(const BenchOptions& o) {
       times[i] = secondsSince(start);
     }
     // Each iteration counts as long as its slowest rank took; wrong elements add up over ranks.
-    comm->allreduce(times.data(), times.data(), times.size(), DType::F64, comm::ReduceOp::Max)->wait();
+    comm->allreduce(times.data(), times.data(), times.size(), DType::F64, comm::ReduceOp::Max)
+        ->wait();
     if (o.check) comm->allreduce(&wrong, &wrong, 1, DType::I64, comm::ReduceOp::Sum)->wait();
     const double seconds = median(times);
     const double algbw = seconds > 0 ? double(sizeBytes) / seconds / 1e9 : 0;
     const double busbw = algbw * bench.busFactor();
     if (wrong > 0) totalWrong += size_t(wrong);
     if (leader) {
-      std::printf("  %12zu %12zu %9s %11.2f %12.3f %12.3f %7s\n", sizeBytes, count, dtypeName(o.dtype),
-                  seconds * 1e6, algbw, busbw, o.check ? std::to_string(wrong).c_str() : "N/A");
+      std::printf("  %12zu %12zu %9s %11.2f %12.3f %12.3f %7s\n", sizeBytes, count,
+                  dtypeName(o.dtype), seconds * 1e6, algbw, busbw,
+                  o.check ? std::to_string(wrong).c_str() : "N/A");
       std::fflush(stdout);
-      rows.push_back({{"bytes", sizeBytes}, {"count", count}, {"dtype", dtypeName(o.dtype)},
-                      {"time_us", seconds * 1e6}, {"algbw_gbs", algbw}, {"busbw_gbs", busbw},
+      rows.push_back({{"bytes", sizeBytes},
+                      {"count", count},
+                      {"dtype", dtypeName(o.dtype)},
+                      {"time_us", seconds * 1e6},
+                      {"algbw_gbs", algbw},
+                      {"busbw_gbs", busbw},
                       {"wrong", wrong}});
     }
     if (o.factor <= 1) break;

@@ -1,9 +1,11 @@
 #include "launch.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <random>
 #include <thread>
@@ -22,6 +24,8 @@ const Param kLocalRank("HETRA_LOCAL_RANK", "0", "This process's rank among the r
 const Param kStore("HETRA_STORE", "", "host:port of the job's TCP store; rank 0 serves it.");
 const Param kStoreExternal("HETRA_STORE_EXTERNAL", "0",
                            "1 when the launcher serves the store (rank 0 then only connects).");
+const Param kPin("HETRA_PIN", "1",
+                 "Bind local ranks to one CPU each when there are enough CPUs (0: never).");
 const Param kJobId("HETRA_JOB_ID", "job", "Prefix of this job's keys in the store.");
 
 int parseRankNumber(const Param& param) {
@@ -45,7 +49,8 @@ std::optional<RankContext> rankFromEnvironment() {
   if (kWorldSize.str().empty()) throw ConfigError("HETRA_RANK is set but HETRA_WORLD_SIZE is not");
   context.worldSize = parseRankNumber(kWorldSize);
   if (context.worldSize < 1 || context.rank >= context.worldSize)
-    throw ConfigError(str("HETRA_RANK=", context.rank, " is not below HETRA_WORLD_SIZE=", context.worldSize));
+    throw ConfigError(
+        str("HETRA_RANK=", context.rank, " is not below HETRA_WORLD_SIZE=", context.worldSize));
   context.localRank = parseRankNumber(kLocalRank);
   context.storeAddress = kStore.str();
   if (context.storeAddress.empty() && context.worldSize > 1)
@@ -73,8 +78,54 @@ std::shared_ptr<store::Store> connectJobStore(const RankContext& context, Millis
   return std::make_shared<store::PrefixStore>(context.jobId, base);
 }
 
-int spawnLocalRanks(int np, const std::vector<std::string>& argv, Millis failureGrace) {
+std::vector<int> allowedCpus() {
+  std::vector<int> cpus;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  return cpus;
+}
+
+std::vector<std::vector<int>> onePerCore(int np) {
+  const auto cpus = allowedCpus();
+  if (int(cpus.size()) < np) return {};
+  std::vector<std::vector<int>> sets;
+  for (int r = 0; r < np; ++r) sets.push_back({cpus[size_t(r)]});
+  return sets;
+}
+
+std::vector<std::vector<int>> packByDuty(const std::vector<double>& duty,
+                                         const std::vector<int>& threads) {
+  const auto cpus = allowedCpus();
+  std::vector<double> load(cpus.size(), 0.0);
+  std::vector<size_t> order(duty.size());
+  for (size_t r = 0; r < order.size(); ++r) order[r] = r;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return duty[a] * threads[a] > duty[b] * threads[b]; });
+  std::vector<std::vector<int>> sets(duty.size());
+  for (size_t r : order) {
+    // A rank of t threads takes the t least loaded CPUs; each must still have room for its duty.
+    std::vector<size_t> byLoad(cpus.size());
+    for (size_t c = 0; c < byLoad.size(); ++c) byLoad[c] = c;
+    std::stable_sort(byLoad.begin(), byLoad.end(),
+                     [&](size_t a, size_t b) { return load[a] < load[b]; });
+    if (size_t(threads[r]) > cpus.size()) return {};
+    for (int t = 0; t < threads[r]; ++t) {
+      const size_t c = byLoad[size_t(t)];
+      load[c] += duty[r];
+      if (load[c] > 1.0 + 1e-9) return {};
+      sets[r].push_back(cpus[c]);
+    }
+  }
+  return sets;
+}
+
+int spawnLocalRanks(int np, const std::vector<std::string>& argv,
+                    const std::vector<std::vector<int>>& cpuSets, Millis failureGrace) {
   HETRA_ENFORCE(np >= 1, "--np must be at least 1, got ", np);
+  const bool pin = !cpuSets.empty() && kPin.flag();
+  HETRA_ENFORCE(!pin || int(cpuSets.size()) == np, "one CPU set per rank");
   store::TcpStoreServer server("127.0.0.1", 0);
   const std::string storeAddress = str("127.0.0.1:", server.port());
   const std::string jobId = randomJobId();
@@ -90,6 +141,12 @@ int spawnLocalRanks(int np, const std::vector<std::string>& argv, Millis failure
       setenv("HETRA_STORE", storeAddress.c_str(), 1);
       setenv("HETRA_STORE_EXTERNAL", "1", 1);
       setenv("HETRA_JOB_ID", jobId.c_str(), 1);
+      if (pin) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int cpu : cpuSets[size_t(rank)]) CPU_SET(cpu, &set);
+        sched_setaffinity(0, sizeof set, &set);
+      }
       std::vector<char*> args;
       for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
       args.push_back(nullptr);

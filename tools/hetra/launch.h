@@ -36,6 +36,22 @@ std::shared_ptr<store::Store> connectJobStore(const RankContext& context, Millis
 // Runs `argv` (this program's own arguments) as `np` local ranks: serves their store, starts them
 // with the rank environment, waits for all of them. If one fails, the others get a few seconds to
 // report their own error and are then killed. Returns the first non-zero exit status, or 0.
-int spawnLocalRanks(int np, const std::vector<std::string>& argv, Millis failureGrace = Millis(5000));
+// cpuSets[r], when given, are the CPUs rank r is bound to (unless HETRA_PIN=0): a rank that
+// migrates, or shares a core with a peer it waits for, pays for it at every synchronisation.
+int spawnLocalRanks(int np, const std::vector<std::string>& argv,
+                    const std::vector<std::vector<int>>& cpuSets = {},
+                    Millis failureGrace = Millis(5000));
+
+// The CPUs this process may run on.
+std::vector<int> allowedCpus();
+
+// One CPU per rank, as mpirun binds by default; empty when there are fewer CPUs than ranks.
+std::vector<std::vector<int>> onePerCore(int np);
+
+// Places ranks that each use `threads[r]` threads for a fraction `duty[r]` of the time (an emulated
+// device of slowdown s has duty 1/s) on the allowed CPUs so that no CPU is asked for more than it
+// has: first-fit by decreasing duty. Empty when they do not fit (then the ranks are not bound).
+std::vector<std::vector<int>> packByDuty(const std::vector<double>& duty,
+                                         const std::vector<int>& threads);
 
 }  // namespace hetra::cli

@@ -11,13 +11,17 @@
 #include "common/params.h"
 #include "device/probe.h"
 #include "launch.h"
+#ifdef HETRA_WITH_TORCH
+#include "run_command.h"
+#endif
 
 namespace {
 
 using namespace hetra;
 
-void addBenchCommand(CLI::App& app, cli::BenchOptions& o, int& np, bool& noCheck, std::string& minSize,
-                     std::string& maxSize, std::string& dtype, std::string& op) {
+void addBenchCommand(CLI::App& app, cli::BenchOptions& o, int& np, bool& noCheck,
+                     std::string& minSize, std::string& maxSize, std::string& dtype,
+                     std::string& op) {
   auto* bench = app.add_subcommand("bench", "Collective benchmark in the style of nccl-tests");
   bench->add_option("collective", o.collective, "allreduce | reducescatter | allgather | broadcast")
       ->required()
@@ -28,16 +32,20 @@ void addBenchCommand(CLI::App& app, cli::BenchOptions& o, int& np, bool& noCheck
   bench->add_option("-e,--maxbytes", maxSize, "Largest size");
   bench->add_option("-f,--stepfactor", o.factor, "Multiply the size by this factor each step")
       ->check(CLI::PositiveNumber);
-  bench->add_option("-w,--warmup_iters", o.warmup, "Warm-up iterations per size")->check(CLI::NonNegativeNumber);
-  bench->add_option("-n,--iters", o.iters, "Timed iterations per size")->check(CLI::Range(1, 1000000));
-  bench->add_option("-c,--check", o.check, "Check the result of the first iteration (1) or not (0)");
+  bench->add_option("-w,--warmup_iters", o.warmup, "Warm-up iterations per size")
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("-n,--iters", o.iters, "Timed iterations per size")
+      ->check(CLI::Range(1, 1000000));
+  bench->add_option("-c,--check", o.check,
+                    "Check the result of the first iteration (1) or not (0)");
   bench->add_flag("--no-check", noCheck, "Same as -c 0");
   bench->add_option("--dtype,-d", dtype, "float32 float64 float16 bfloat16 int32 int64 uint8");
   bench->add_option("--op,-o", op, "sum avg min max");
   bench->add_option("--transport", o.transport, "shm | tcp | auto")
       ->check(CLI::IsMember({"auto", "shm", "tcp"}));
   bench->add_option("--json", o.jsonPath, "Write the rows as JSON to this file");
-  bench->add_option("--timeout-ms", o.timeoutMs, "Deadline of each operation")->check(CLI::Range(100, 3600000));
+  bench->add_option("--timeout-ms", o.timeoutMs, "Deadline of each operation")
+      ->check(CLI::Range(100, 3600000));
 }
 
 int runProbe(bool json) {
@@ -48,7 +56,8 @@ int runProbe(bool json) {
 
 int runParams() {
   for (const auto& p : allParams())
-    std::printf("%-24s default '%s'\n    %s\n", p.env.c_str(), p.defaultValue.c_str(), p.description.c_str());
+    std::printf("%-24s default '%s'\n    %s\n", p.env.c_str(), p.defaultValue.c_str(),
+                p.description.c_str());
   return 0;
 }
 
@@ -66,6 +75,18 @@ int main(int argc, char** argv) {
   auto* probe = app.add_subcommand("probe", "Show this host's CPU, memory and GPUs");
   probe->add_flag("--json", probeJson, "Print JSON");
   auto* params = app.add_subcommand("params", "List every HETRA_* parameter with its default");
+#ifdef HETRA_WITH_TORCH
+  cli::RunOptions run;
+  auto* runCommand =
+      app.add_subcommand("run", "Train on the devices a TOML config lists (one rank each)");
+  runCommand->add_option("config", run.configPath, "The run's TOML file (see examples/)")
+      ->required();
+  runCommand->add_option("--set", run.sets, "Override a key: --set train.lr=0.05 (repeatable)");
+  runCommand->add_option("--metrics", run.metricsPath, "Write JSON Lines metrics here (rank 0)");
+  runCommand->add_option("--resume", run.resumeDir,
+                         "Continue from the checkpoint in this directory");
+  runCommand->add_flag("--print-config", run.printConfig, "Print the effective config and exit");
+#endif
 
   try {
     app.parse(argc, argv);
@@ -76,6 +97,10 @@ int main(int argc, char** argv) {
   try {
     if (probe->parsed()) return runProbe(probeJson);
     if (params->parsed()) return runParams();
+#ifdef HETRA_WITH_TORCH
+    if (runCommand->parsed())
+      return cli::runTraining(run, std::vector<std::string>(argv, argv + argc));
+#endif
     bench.minBytes = cli::parseSize(minSize);
     bench.maxBytes = cli::parseSize(maxSize);
     bench.dtype = parseDType(dtype);
@@ -84,7 +109,8 @@ int main(int argc, char** argv) {
     if (bench.minBytes > bench.maxBytes)
       throw ConfigError(str("-b ", minSize, " is larger than -e ", maxSize));
     if (cli::rankFromEnvironment()) return cli::runBenchRank(bench);
-    return cli::spawnLocalRanks(np > 0 ? np : 1, std::vector<std::string>(argv, argv + argc));
+    return cli::spawnLocalRanks(np > 0 ? np : 1, std::vector<std::string>(argv, argv + argc),
+                                cli::onePerCore(np > 0 ? np : 1));
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "hetra: %s\n", e.what());
     return 2;

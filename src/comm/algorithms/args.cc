@@ -8,11 +8,16 @@ namespace hetra::comm {
 
 const char* opKindName(OpKind kind) {
   switch (kind) {
-    case OpKind::Allreduce: return "allreduce";
-    case OpKind::ReduceScatter: return "reduce-scatter";
-    case OpKind::Allgather: return "allgather";
-    case OpKind::Broadcast: return "broadcast";
-    case OpKind::Barrier: return "barrier";
+    case OpKind::Allreduce:
+      return "allreduce";
+    case OpKind::ReduceScatter:
+      return "reduce-scatter";
+    case OpKind::Allgather:
+      return "allgather";
+    case OpKind::Broadcast:
+      return "broadcast";
+    case OpKind::Barrier:
+      return "barrier";
   }
   return "?";
 }
@@ -92,7 +97,8 @@ std::string OpHeader::describe() const {
   if (OpKind(kind) == OpKind::Allreduce || OpKind(kind) == OpKind::ReduceScatter)
     text += str(" (", reduceOpName(ReduceOp(op)), ")");
   if (OpKind(kind) == OpKind::Broadcast) text += str(" from root ", root);
-  if (countsHash != 0 && OpKind(kind) != OpKind::Allreduce) text += str(" counts#", countsHash % 100000);
+  if (countsHash != 0 && OpKind(kind) != OpKind::Allreduce)
+    text += str(" counts#", countsHash % 100000);
   return text;
 }
 

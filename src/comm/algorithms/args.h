@@ -1,6 +1,6 @@
 // Arguments of the collective algorithms (an options object per collective, as in Gloo) and the
-// header that ranks compare before any data moves, so mismatched calls fail on every rank instead of
-// hanging or overrunning a buffer.
+// header that ranks compare before any data moves, so mismatched calls fail on every rank instead
+// of hanging or overrunning a buffer.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +28,8 @@ struct AllreduceArgs {
   Deadline deadline;
 };
 
-// in: sum(counts) elements, laid out as the ranks' blocks in rank order; out: counts[rank] elements.
+// in: sum(counts) elements, laid out as the ranks' blocks in rank order; out: counts[rank]
+// elements.
 struct ReduceScatterArgs {
   const void* in = nullptr;
   void* out = nullptr;
@@ -67,7 +68,7 @@ struct BarrierArgs {
 // What one rank was asked to do; equal on every rank for a well-formed call. 32 bytes on the wire.
 struct OpHeader {
   uint64_t seq = 0;
-  uint64_t count = 0;       // total elements (allreduce: count; reduce-scatter/allgather: sum(counts))
+  uint64_t count = 0;  // total elements (allreduce: count; reduce-scatter/allgather: sum(counts))
   uint64_t countsHash = 0;  // hash of the per-rank counts (0 when not uneven-capable)
   uint8_t kind = 0;
   uint8_t dtype = 0;

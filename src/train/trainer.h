@@ -1,0 +1,43 @@
+// Trainer: one rank's training loop (the "one training step" of docs/architecture.md).
+//
+// Every rank runs the same loop on its own device: take its slice of the step's global batch, run
+// it as k micro-batches of at most m samples (summed gradients, no communication between them),
+// then the DataParallel engine all-reduces gradient buckets while the last backward runs and
+// divides by the global batch. Each rank's timings are all-gathered every step and fed to an
+// identical Balancer on every rank, so all ranks switch to a new split at the same step without
+// further messages.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "train/config.h"
+
+namespace hetra::train {
+
+struct TrainerOptions {
+  std::string metricsPath;   // JSON Lines written by rank 0 ("" = none)
+  std::string resumeDir;     // checkpoint directory to continue from ("" = start fresh)
+  bool progressBar = false;  // rank 0 redraws one progress line (a terminal) instead of plain lines
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double wallSeconds = 0;
+  double samplesPerSecond = 0;  // mean over the steps after warm-up
+  double testAccuracy = -1;     // -1 when no evaluation ran
+  double testLoss = -1;
+  double lastLoss = 0;
+};
+
+// The checks that need the model: every device's memory cap must hold the model and one sample.
+// Throws ConfigError naming devices[i].memory. Run before any rank starts.
+void checkModelFits(const RunConfig& config);
+
+// Runs the whole training as `comm->rank()`; the communicator's ranks are config.devices in order.
+TrainResult train(const RunConfig& config, std::shared_ptr<comm::Communicator> comm,
+                  const TrainerOptions& options);
+
+}  // namespace hetra::train

@@ -1,0 +1,242 @@
+// Optimizers (exact first steps), learning-rate schedules, gradient clipping and checkpoints: a run
+// restored from a checkpoint continues bit-identically to one that never stopped.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "common/errors.h"
+#include "train/datasets.h"
+#include "train/models.h"
+#include "train/optim.h"
+
+namespace hetra::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+const bool kOneThread = [] {
+  torch::set_num_threads(1);
+  return true;
+}();
+
+std::string tempPath(const std::string& name) {
+  return (fs::temp_directory_path() / ("hetra_optim_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+// One parameter of value `value` whose gradient is `grad`, after one step of `spec`.
+double afterOneStep(const OptimSpec& spec, double value, double grad) {
+  auto p = torch::full({1}, value, torch::requires_grad());
+  auto optimizer = makeOptimizer({p}, spec);
+  p.mutable_grad() = torch::full({1}, grad);
+  optimizer->step();
+  return p.item<double>();
+}
+
+TEST(Optimizers, FirstStepsFollowTheirDefinitions) {
+  OptimSpec sgd;
+  sgd.lr = 0.1;
+  sgd.weightDecay = 0.5;
+  EXPECT_NEAR(afterOneStep(sgd, 2.0, 1.0), 2.0 - 0.1 * (1.0 + 0.5 * 2.0), 1e-7);
+  // Adam's first step moves by lr whatever the gradient's size; L2 decay enters the gradient...
+  OptimSpec adam;
+  adam.name = "adam";
+  adam.lr = 0.1;
+  adam.weightDecay = 0.5;
+  EXPECT_NEAR(afterOneStep(adam, 2.0, 1.0), 2.0 - 0.1, 1e-6);
+  // ...while AdamW's is decoupled: the parameter shrinks by lr * wd first.
+  adam.name = "adamw";
+  EXPECT_NEAR(afterOneStep(adam, 2.0, 1.0), 2.0 * (1 - 0.1 * 0.5) - 0.1, 1e-6);
+  // Nesterov with momentum 0.9: buffer = g, update = g + 0.9 * buffer.
+  OptimSpec nesterov;
+  nesterov.lr = 0.1;
+  nesterov.momentum = 0.9;
+  nesterov.nesterov = true;
+  EXPECT_NEAR(afterOneStep(nesterov, 2.0, 1.0), 2.0 - 0.1 * 1.9, 1e-7);
+}
+
+TEST(Optimizers, BadOptionsAreConfigErrors) {
+  auto p = torch::zeros({2}, torch::requires_grad());
+  auto bad = [&](OptimSpec s) { EXPECT_THROW(makeOptimizer({p}, s), ConfigError) << s.name; };
+  OptimSpec s;
+  s.name = "lamb";
+  bad(s);
+  s = {};
+  s.nesterov = true;  // without momentum
+  bad(s);
+  s = {};
+  s.lr = -1;
+  bad(s);
+  s = {};
+  s.lr = std::nan("");
+  bad(s);
+  s = {};
+  s.name = "adam";
+  s.beta1 = 1.0;
+  bad(s);
+  s = {};
+  s.name = "adamw";
+  s.eps = -1e-8;
+  bad(s);
+}
+
+TEST(LrSchedule, ConstantWarmupAndCosine) {
+  LrScheduleSpec spec;
+  spec.lr = 0.1;
+  EXPECT_DOUBLE_EQ(LrSchedule(spec).lrAt(0), 0.1);
+  EXPECT_DOUBLE_EQ(LrSchedule(spec).lrAt(12345), 0.1);
+  spec.warmupSteps = 4;
+  const LrSchedule warm(spec);
+  EXPECT_DOUBLE_EQ(warm.lrAt(0), 0.025);
+  EXPECT_DOUBLE_EQ(warm.lrAt(2), 0.075);
+  EXPECT_DOUBLE_EQ(warm.lrAt(3), 0.1);
+  EXPECT_DOUBLE_EQ(warm.lrAt(4), 0.1);
+
+  spec = {};
+  spec.kind = "cosine";
+  spec.lr = 1.0;
+  spec.totalSteps = 10;
+  spec.warmupSteps = 2;
+  const LrSchedule cosine(spec);
+  EXPECT_DOUBLE_EQ(cosine.lrAt(0), 0.5);
+  EXPECT_DOUBLE_EQ(cosine.lrAt(1), 1.0);
+  EXPECT_DOUBLE_EQ(cosine.lrAt(2), 1.0);
+  EXPECT_NEAR(cosine.lrAt(6), 0.5, 1e-15);
+  EXPECT_NEAR(cosine.lrAt(9), 0.5 * (1 + std::cos(M_PI * 7 / 8)),
+              1e-15);  // the last step still moves
+  EXPECT_GT(cosine.lrAt(9), 0.0);
+  EXPECT_EQ(cosine.lrAt(10), 0.0);
+  EXPECT_EQ(cosine.lrAt(11), 0.0);
+  for (int64_t s = 2; s < 10; ++s) EXPECT_LT(cosine.lrAt(s + 1), cosine.lrAt(s));
+
+  spec.totalSteps = 2;  // no step left after warm-up
+  EXPECT_THROW(LrSchedule{spec}, ConfigError);
+  spec.kind = "step";
+  spec.totalSteps = 10;
+  EXPECT_THROW(LrSchedule{spec}, ConfigError);
+  spec.kind = "constant";
+  spec.warmupSteps = -1;
+  EXPECT_THROW(LrSchedule{spec}, ConfigError);
+}
+
+TEST(LrSchedule, ApplyLrSetsEveryGroup) {
+  auto a = torch::ones({1}, torch::requires_grad()), b = torch::ones({1}, torch::requires_grad());
+  OptimSpec spec;
+  spec.lr = 0.5;
+  auto optimizer = makeOptimizer({a}, spec);
+  optimizer->add_param_group(
+      torch::optim::OptimizerParamGroup({b}, std::make_unique<torch::optim::SGDOptions>(0.7)));
+  applyLr(*optimizer, 0.01);
+  a.mutable_grad() = torch::ones({1});
+  b.mutable_grad() = torch::full({1}, 2.0);
+  optimizer->step();
+  EXPECT_FLOAT_EQ(a.item<float>(), 0.99f);
+  EXPECT_FLOAT_EQ(b.item<float>(), 0.98f);
+}
+
+TEST(Clipping, ScalesToTheGlobalNorm) {
+  auto a = torch::zeros({1}, torch::requires_grad()), b = torch::zeros({1}, torch::requires_grad());
+  auto noGrad = torch::zeros({3}, torch::requires_grad());
+  a.mutable_grad() = torch::full({1}, 3.0);
+  b.mutable_grad() = torch::full({1}, -4.0);
+  EXPECT_NEAR(clipGradNorm({a, b, noGrad}, 10.0), 5.0, 1e-6);  // below the limit: unchanged
+  EXPECT_FLOAT_EQ(a.grad().item<float>(), 3.0f);
+  EXPECT_NEAR(clipGradNorm({a, b, noGrad}, 1.0), 5.0, 1e-6);
+  EXPECT_NEAR(a.grad().item<double>(), 0.6, 1e-6);
+  EXPECT_NEAR(b.grad().item<double>(), -0.8, 1e-6);
+  EXPECT_THROW(clipGradNorm({a}, 0.0), EnforceError);
+}
+
+// Trains `steps` steps from `first` on fixed batches of a synthetic task.
+void train(Model& model, torch::optim::Optimizer& optimizer, const Dataset& data, int first,
+           int steps) {
+  for (int s = first; s < first + steps; ++s) {
+    std::vector<int64_t> idx;
+    for (int i = 0; i < 13; ++i) idx.push_back((s * 13 + i * 3) % data.size());
+    auto batch = data.get(idx);
+    optimizer.zero_grad();
+    torch::nn::functional::cross_entropy(
+        model.forward(batch.inputs), batch.targets,
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+        .backward();
+    optimizer.step();
+  }
+}
+
+TEST(Checkpoint, RestoredRunContinuesBitIdentically) {
+  Synthetic data(97, 12, 3, 5);
+  ModelSpec m;
+  m.sampleShape = {12};
+  m.classes = 3;
+  m.hidden = {9, 7};
+  for (const char* name : {"sgd", "adam", "adamw"}) {
+    OptimSpec o;
+    o.name = name;
+    o.lr = 0.01;
+    o.momentum = 0.9;
+    o.nesterov = true;
+    o.weightDecay = 0.01;
+    const std::string path = tempPath(std::string(name) + ".ckpt");
+
+    auto model = makeModel(m);
+    auto optimizer = makeOptimizer(model->parameters(), o);
+    train(*model, *optimizer, data, 0, 3);
+    saveCheckpoint(path, *model, *optimizer, {3, "text of the config"});
+    EXPECT_FALSE(fs::exists(path + ".tmp"));
+    train(*model, *optimizer, data, 3, 2);  // the run that did not stop
+
+    // Another initialisation and learning rate: both come from the checkpoint.
+    ModelSpec other = m;
+    other.seed = 99;
+    OptimSpec otherOptions = o;
+    otherOptions.lr = 0.5;
+    auto restored = makeModel(other);
+    auto restoredOptimizer = makeOptimizer(restored->parameters(), otherOptions);
+    const CheckpointInfo info = loadCheckpoint(path, *restored, *restoredOptimizer);
+    EXPECT_EQ(info.step, 3);
+    EXPECT_EQ(info.text, "text of the config");
+    EXPECT_EQ(restoredOptimizer->param_groups()[0].options().get_lr(), 0.01);
+    train(*restored, *restoredOptimizer, data, 3, 2);
+
+    auto expected = model->parameters(), actual = restored->parameters();
+    ASSERT_EQ(expected.size(), actual.size());
+    for (size_t i = 0; i < expected.size(); ++i)
+      EXPECT_TRUE(torch::equal(expected[i], actual[i])) << name << " parameter " << i;
+    fs::remove(path);
+  }
+}
+
+TEST(Checkpoint, BadFilesAreIoErrors) {
+  ModelSpec m;
+  m.sampleShape = {6};
+  m.hidden = {5};
+  auto model = makeModel(m);
+  auto optimizer = makeOptimizer(model->parameters(), OptimSpec{});
+  EXPECT_THROW(loadCheckpoint(tempPath("missing"), *model, *optimizer), IoError);
+  EXPECT_THROW(saveCheckpoint("/nonexistent-dir/x.ckpt", *model, *optimizer, {}), IoError);
+
+  const std::string garbage = tempPath("garbage");
+  std::ofstream(garbage) << "not a checkpoint";
+  EXPECT_THROW(loadCheckpoint(garbage, *model, *optimizer), IoError);
+  fs::remove(garbage);
+
+  const std::string path = tempPath("other-model");
+  saveCheckpoint(path, *model, *optimizer, {});
+  m.hidden = {4};
+  auto smaller = makeModel(m);
+  auto smallerOptimizer = makeOptimizer(smaller->parameters(), OptimSpec{});
+  try {
+    loadCheckpoint(path, *smaller, *smallerOptimizer);
+    ADD_FAILURE() << "a checkpoint of another model loaded";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace hetra::train

@@ -1,0 +1,21 @@
+// `hetra run CONFIG.toml`: trains on the devices the config lists, one local process per device.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hetra::cli {
+
+struct RunOptions {
+  std::string configPath;
+  std::vector<std::string> sets;  // "key=value" overrides, in order
+  std::string metricsPath;
+  std::string resumeDir;
+  bool printConfig = false;
+};
+
+// Validates the config, then either runs as the rank the environment describes or starts one local
+// rank per device. Returns the process exit status.
+int runTraining(const RunOptions& options, const std::vector<std::string>& argv);
+
+}  // namespace hetra::cli
