@@ -1,0 +1,403 @@
+#!/usr/bin/python3
+"""Side-by-side training throughput on emulated heterogeneous devices: hetra vs PyTorch DDP, against ideal.
+
+For each scenario (a hetra config and its devices' slowdowns) and in every round, runs one after the other,
+in an order that rotates from round to round:
+  - hetra solo runs: the scenario's config with one device of slowdown s (each distinct s), same model,
+    data, optimizer and global batch, the whole global batch as one micro-batch (no memory cap): solo_s;
+  - hetra on the scenario's devices (its metrics' final samples_per_s);
+  - bench/torch_ddp_train.py on the same devices (equal split, DDP, Gloo), with the slowdown applied before
+    each bucket's allreduce, and, for scenarios with slowed devices, also with the sleep after backward;
+  - a PyTorch solo run at slowdown 1, to compare the two stacks' per-sample speed.
+Runs whose effective hetra configs are equal (--print-config) are measured once per round and shared.
+Every measuring process runs under `flock LOCK` (--lock), so it never overlaps another measurement that
+takes the same lock. ideal = sum of solo_i, efficiency = samples/s / ideal, both computed within each round;
+the table shows medians over rounds with (min-max). Prints Markdown for docs/benchmarks.md; raw metrics,
+logs, results.json and report.md go to bench/out/train-<stamp>/. See bench/README.md.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER = os.path.join(ROOT, "bench", "torch_ddp_train.py")
+SCENARIOS = {
+    "hetero": "examples/fashion_mnist_hetero.toml",
+    "equal": "examples/two_equal_devices.toml",
+}
+# hetra's defaults for keys a config may omit (src/train/config.h).
+DEFAULTS = {"lr": 0.1, "momentum": 0.0, "nesterov": False, "seed": 1, "profile_steps": 5}
+
+
+def log(msg):
+    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenarios", default="hetero,equal",
+                   help="comma list of " + ", ".join(SCENARIOS) + " or NAME=CONFIG.toml")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=200, help="steps of each multi-device run")
+    p.add_argument("--solo-steps", type=int, default=200,
+                   help="steps of a solo run at slowdown 1; at slowdown s: max(60, this / s)")
+    p.add_argument("--no-torch-solo", dest="torch_solo", action="store_false")
+    p.add_argument("--no-after-backward", dest="after_backward", action="store_false",
+                   help="skip the DDP variant that sleeps after backward")
+    p.add_argument("--hetra", default=os.path.join(ROOT, "build", "tools", "hetra", "hetra"))
+    p.add_argument("--torch-python",
+                   default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
+    p.add_argument("--lock", default="/tmp/hetra-measure.lock", help="flock this file around every run; '' = none")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per run, waiting for the lock included")
+    p.add_argument("--no-spread", action="store_true", help="omit the (min-max) over rounds")
+    p.add_argument("--report", metavar="DIR", default=None, help="re-render DIR/results.json, run nothing")
+    p.add_argument("--out", default=None, help="directory for raw results (default bench/out/train-<time>)")
+    a = p.parse_args()
+    a.scenarios = [s for s in a.scenarios.split(",") if s]
+    return a
+
+
+def run(cmd, timeout, log_path):
+    """Runs cmd in its own session (so a timeout kills flock and what it started), output to log_path."""
+    with open(log_path, "w") as f:
+        f.write("$ " + shlex.join(cmd) + "\n")
+        f.flush()
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        try:
+            return p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            f.write(f"\n[compare] killed after {timeout:.0f}s\n")
+            return 124
+
+
+def locked(a, cmd):
+    return (["flock", a.lock] if a.lock else []) + cmd
+
+
+def load_scenario(name, spec):
+    path = spec.split("=", 1)[1] if "=" in spec else SCENARIOS[spec]
+    with open(os.path.join(ROOT, path), "rb") as f:
+        cfg = tomllib.load(f)
+    train, devices = cfg.get("train", {}), cfg.get("devices", [{}])
+    if any(int(d.get("threads", 1)) != 1 for d in devices):
+        raise SystemExit(f"{path}: the DDP peer runs one thread per rank; every device needs threads = 1")
+    if cfg.get("model", {}).get("name", "mlp") != "mlp" or cfg.get("model", {}).get("hidden", [512, 512]) != [512, 512]:
+        raise SystemExit(f"{path}: the DDP peer trains the MLP 784-512-512-10 only")
+    return {"name": name, "config": path, "slowdowns": [float(d.get("slowdown", 1)) for d in devices],
+            "global_batch": int(train.get("global_batch", 512)), "lr": float(train.get("lr", DEFAULTS["lr"])),
+            "momentum": float(train.get("momentum", DEFAULTS["momentum"])),
+            "nesterov": bool(train.get("nesterov", DEFAULTS["nesterov"])),
+            "seed": int(train.get("seed", DEFAULTS["seed"])),
+            "profile_steps": int(cfg.get("balance", {}).get("profile_steps", DEFAULTS["profile_steps"]))}
+
+
+def warmup_of(steps, profile_steps):
+    # hetra's (src/train/trainer.cc): the mean after a warm-up that covers the balancer's profiling.
+    return min(max(10, profile_steps + 5), steps // 3)
+
+
+def hetra_sets(steps, solo_slowdown=None):
+    # Throughput runs: no evaluation, no console lines, a constant learning rate (the peer's).
+    sets = [f"train.steps={steps}", "train.eval_every=0", "train.log_every=0", 'train.lr_schedule="constant"',
+            "train.warmup_steps=0"]
+    if solo_slowdown is not None:
+        sets.append(f'devices=[{{name="solo", slowdown={solo_slowdown:g}}}]')
+    return sets
+
+
+def hetra_cmd(a, config, sets, metrics=None):
+    cmd = [a.hetra, "run", config]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd + (["--metrics", metrics] if metrics else [])
+
+
+def effective_config(a, config, sets):
+    out = subprocess.run(hetra_cmd(a, config, sets) + ["--print-config"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    if out.returncode != 0:
+        raise SystemExit(f"hetra --print-config failed for {config}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def plan_runs(a, scenarios):
+    """The runs of one round: (key, kind, description). Solo runs with equal effective configs are shared."""
+    runs, solo_key = {}, {}
+    for sc in scenarios:
+        for s in sorted(set(sc["slowdowns"])):
+            steps = a.solo_steps if s == 1 else max(60, int(a.solo_steps / s))
+            sets = hetra_sets(steps, s)
+            text = effective_config(a, sc["config"], sets)
+            key = next((k for k, r in runs.items() if r.get("text") == text), None)
+            if key is None:
+                key = f"solo-{s:g}" if f"solo-{s:g}" not in runs else f"solo-{s:g}-{sc['name']}"
+                runs[key] = {"kind": "hetra", "config": sc["config"], "sets": sets, "text": text,
+                             "warmup": warmup_of(steps, sc["profile_steps"])}
+            solo_key[(sc["name"], s)] = key
+        runs[f"hetra-{sc['name']}"] = {"kind": "hetra", "config": sc["config"], "sets": hetra_sets(a.steps),
+                                       "warmup": warmup_of(a.steps, sc["profile_steps"])}
+        modes = ["bucket"] + (["after-backward"] if a.after_backward and max(sc["slowdowns"]) > 1 else [])
+        for mode in modes:
+            runs[f"ddp-{sc['name']}" + ("" if mode == "bucket" else "-ab")] = {
+                "kind": "torch", "scenario": sc, "emulate": mode, "steps": a.steps,
+                "warmup": warmup_of(a.steps, sc["profile_steps"])}
+    if a.torch_solo and scenarios:
+        sc = scenarios[0]
+        runs["torch-solo-1"] = {"kind": "torch", "scenario": sc, "solo": 1.0, "steps": a.solo_steps,
+                                "warmup": warmup_of(a.solo_steps, sc["profile_steps"])}
+    for r in runs.values():
+        r.pop("text", None)
+    return runs, {f"{k[0]}:{k[1]:g}": v for k, v in solo_key.items()}
+
+
+def torch_cmd(a, r, json_path):
+    sc = r["scenario"]
+    cmd = [a.torch_python, PEER, "--global-batch", str(sc["global_batch"]), "--steps", str(r["steps"]),
+           "--warmup", str(r["warmup"]), "--lr", str(sc["lr"]), "--momentum", str(sc["momentum"]),
+           "--seed", str(sc["seed"]), "--json", json_path, "--quiet"]
+    if not sc["nesterov"]:
+        cmd.append("--no-nesterov")
+    if "solo" in r:
+        return cmd + ["--solo", "--slowdowns", f"{r['solo']:g}"]
+    return cmd + ["--slowdowns", ",".join(f"{s:g}" for s in sc["slowdowns"]), "--emulate", r["emulate"]]
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def hetra_result(path, warmup):
+    """The final samples_per_s, and the medians over the measured steps of step time and per-rank stats."""
+    records = [json.loads(line) for line in open(path) if line.strip()]
+    final = next(r for r in records if r["event"] == "final")
+    steps = [r for r in records if r["event"] == "step" and r["step"] > warmup]
+    ranks = []
+    for i, rank in enumerate(steps[-1]["ranks"]):
+        ranks.append({"device": rank["device"], "batch": rank["batch"], "micro_batch": rank["micro_batch"],
+                      "accum": rank["accum"],
+                      "compute_s": median(s["ranks"][i]["compute_s"] for s in steps),
+                      "comm_s": median(s["ranks"][i]["comm_s"] for s in steps)})
+    return {"samples_per_s": final["samples_per_s"], "step_time_s": median(s["step_time_s"] for s in steps),
+            "plan_versions": len({s.get("plan_version") for s in steps}), "ranks": ranks}
+
+
+def torch_result(path):
+    r = json.load(open(path))
+    steps = r["step_records"][r["warmup"]:]
+    return {"samples_per_s": r["samples_per_s"], "step_time_s": median(s["step_time_s"] for s in steps),
+            "ranks": r["ranks"]}
+
+
+def machine_facts(torch_python):
+    facts = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "nproc": os.cpu_count(),
+             "affinity": len(os.sched_getaffinity(0)), "cpu": platform.processor() or "?"}
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=20).stdout.splitlines():
+            if line.startswith("Model name:"):
+                facts["cpu"] = line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=20).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "src", "tools"],
+                               capture_output=True, text=True, timeout=20).stdout.strip()
+        facts["hetra_commit"] = head + (" + uncommitted changes in src/ tools/" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        facts["hetra_commit"] = "?"
+    try:
+        facts["torch"] = subprocess.run([torch_python, "-c",
+                                         "import torch; print(torch.__version__)"], capture_output=True,
+                                        text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        facts["torch"] = "?"
+    return facts
+
+
+def main():
+    a = parse_args()
+    if a.report:
+        saved = json.load(open(os.path.join(a.report, "results.json")))
+        print(render(saved, not a.no_spread))
+        return 0 if saved.get("failures", 0) == 0 else 1
+    if not os.access(a.hetra, os.X_OK):
+        raise SystemExit(f"no hetra binary at {a.hetra} (ninja -C build hetra)")
+    unknown = [s for s in a.scenarios if "=" not in s and s not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {unknown}: use {', '.join(SCENARIOS)} or NAME=CONFIG.toml")
+    scenarios = [load_scenario(s.split("=", 1)[0], s) for s in a.scenarios]
+    out = a.out or os.path.join(ROOT, "bench", "out", "train-" + time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    runs, solo_key = plan_runs(a, scenarios)
+    keys = list(runs)
+    log(f"{len(keys)} runs per round, {a.rounds} rounds: {', '.join(keys)}; output in {out}")
+    facts = machine_facts(a.torch_python)
+    results = {k: [None] * a.rounds for k in keys}
+    failures = 0
+    started = time.monotonic()
+    for rnd in range(a.rounds):
+        order = keys[rnd % len(keys):] + keys[:rnd % len(keys)]
+        for key in order:
+            r = runs[key]
+            stem = os.path.join(out, f"r{rnd}-{key}")
+            if r["kind"] == "hetra":
+                cmd = hetra_cmd(a, r["config"], r["sets"], stem + ".jsonl")
+            else:
+                cmd = torch_cmd(a, r, stem + ".json")
+            t0 = time.monotonic()
+            rc = run(locked(a, cmd), a.timeout, stem + ".log")
+            try:
+                if rc != 0:
+                    raise RuntimeError(f"exit status {rc}")
+                if r["kind"] == "hetra":
+                    res = hetra_result(stem + ".jsonl", r["warmup"])
+                else:
+                    res = torch_result(stem + ".json")
+                results[key][rnd] = res
+                log(f"round {rnd + 1}/{a.rounds} {key}: {res['samples_per_s']:.0f} samples/s "
+                    f"({time.monotonic() - t0:.1f}s)")
+            except (RuntimeError, OSError, ValueError, StopIteration, KeyError, IndexError) as e:
+                failures += 1
+                log(f"round {rnd + 1}/{a.rounds} {key}: FAILED ({e}); see {stem}.log")
+    facts["elapsed_s"] = round(time.monotonic() - started)
+    saved = {"command": "bench/compare_training.sh " + shlex.join(sys.argv[1:]), "facts": facts,
+             "rounds": a.rounds, "steps": a.steps, "solo_steps": a.solo_steps, "lock": a.lock,
+             "scenarios": scenarios, "solo_key": solo_key,
+             "runs": {k: {kk: vv for kk, vv in v.items() if kk != "scenario"} for k, v in runs.items()},
+             "results": results, "failures": failures}
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(saved, f, indent=1)
+    report = render(saved, not a.no_spread)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(report)
+    print(report)
+    return 0 if failures == 0 else 1
+
+
+def per_round(saved, fn):
+    vals = []
+    for rnd in range(saved["rounds"]):
+        try:
+            vals.append(fn(rnd))
+        except (TypeError, KeyError, ZeroDivisionError):
+            vals.append(None)
+    return [v for v in vals if v is not None]
+
+
+def cell(vals, digits, spread, suffix=""):
+    if not vals:
+        return "-"
+    text = f"{statistics.median(vals):.{digits}f}{suffix}"
+    if spread and len(vals) > 1:
+        text += f" ({min(vals):.{digits}f}-{max(vals):.{digits}f})"
+    return text
+
+
+def render(saved, spread):
+    res, facts = saved["results"], saved["facts"]
+
+    def sps(key, rnd):
+        return res[key][rnd]["samples_per_s"]
+
+    lines = [f"Command: `{saved['command']}`  ", f"Date: {facts['date']}; machine: nproc {facts['nproc']} "
+             f"({facts['affinity']} usable), {facts['cpu']}; hetra {facts['hetra_commit']}; PyTorch "
+             f"{facts['torch']} (Gloo); {saved['rounds']} rounds, {saved['steps']} steps per multi-device run, "
+             f"{facts.get('elapsed_s', '?')} s in all.", "",
+             "samples/s: medians over rounds (min-max); ratios computed within each round, then the median. "
+             "ideal = sum of the devices' hetra solo speeds; DDP = PyTorch DistributedDataParallel, equal split, "
+             "slowdown applied before each bucket's allreduce; DDP-ab = the sleep after backward instead.", "",
+             "| scenario | slowdowns | solo_i (hetra) | ideal | hetra | efficiency | DDP | DDP efficiency | "
+             "hetra/DDP | DDP-ab | hetra/DDP-ab |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for sc in saved["scenarios"]:
+        name, sl = sc["name"], sc["slowdowns"]
+        solo_keys = [saved["solo_key"][f"{name}:{s:g}"] for s in sl]
+
+        def ideal(rnd):
+            return sum(sps(k, rnd) for k in solo_keys)
+
+        hk, dk, ak = f"hetra-{name}", f"ddp-{name}", f"ddp-{name}-ab"
+        solos = " / ".join(f"{s:g}: " + cell(per_round(saved, lambda r, k=k: sps(k, r)), 0, False)
+                           for s, k in sorted({s: k for s, k in zip(sl, solo_keys)}.items()))
+        has_ab = ak in res
+        row = [name, ",".join(f"{s:g}" for s in sl), solos,
+               cell(per_round(saved, ideal), 0, spread),
+               cell(per_round(saved, lambda r: sps(hk, r)), 0, spread),
+               cell(per_round(saved, lambda r: sps(hk, r) / ideal(r)), 3, spread),
+               cell(per_round(saved, lambda r: sps(dk, r)), 0, spread),
+               cell(per_round(saved, lambda r: sps(dk, r) / ideal(r)), 3, spread),
+               cell(per_round(saved, lambda r: sps(hk, r) / sps(dk, r)), 2, spread, "x"),
+               cell(per_round(saved, lambda r: sps(ak, r)), 0, spread) if has_ab else "= DDP",
+               cell(per_round(saved, lambda r: sps(hk, r) / sps(ak, r)), 2, spread, "x") if has_ab else "-"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    bounds = []
+    for sc in saved["scenarios"]:
+        sl = sc["slowdowns"]
+        bounds.append(f"{sc['name']} {sum(1 / s for s in sl) / (len(sl) / max(sl)):.2f}x")
+    lines.append("Upper bound of hetra/DDP if hetra reached ideal and DDP its own bound (N x the slowest solo, "
+                 "same per-sample speed): sum(1/s_i) / (N / max s_i) = " + ", ".join(bounds) + ".")
+    if "torch-solo-1" in res and saved["solo_key"]:
+        k1 = next((v for kk, v in saved["solo_key"].items() if kk.endswith(":1")), None)
+        if k1:
+            lines.append("Per-sample speed of the stacks, solo at slowdown 1: hetra " +
+                         cell(per_round(saved, lambda r: sps(k1, r)), 0, spread) + ", PyTorch " +
+                         cell(per_round(saved, lambda r: sps("torch-solo-1", r)), 0, spread) + " samples/s; "
+                         "hetra/PyTorch " + cell(per_round(saved, lambda r: sps(k1, r) / sps("torch-solo-1", r)),
+                                                 2, spread, "x") + ".")
+    lines += ["", "Where the time goes (medians over rounds of each run's median over the measured steps; "
+              "ms per step):", ""]
+    for sc in saved["scenarios"]:
+        name = sc["name"]
+        keys = [saved["solo_key"][f"{name}:{s:g}"] for s in sc["slowdowns"]]
+        ideal_vals = per_round(saved, lambda r: sum(sps(k, r) for k in keys))
+        ideal_step = sc["global_batch"] / statistics.median(ideal_vals) * 1e3 if ideal_vals else None
+        runs = [x for x in res[f"hetra-{name}"] if x]
+        druns = [x for x in res[f"ddp-{name}"] if x]
+        step = median(x["step_time_s"] for x in runs)
+        dstep = median(x["step_time_s"] for x in druns)
+        lines.append(f"{name}: hetra step {step * 1e3:.2f} ms, DDP step {dstep * 1e3:.2f} ms, ideal step "
+                     f"{ideal_step:.2f} ms ({sc['global_batch']} samples at the ideal rate)"
+                     if step and dstep and ideal_step else f"{name}: no complete run")
+        lines += ["", "| rank | slowdown | hetra batch | micro x accum | compute | comm | rest | DDP batch | "
+                  "DDP compute (cpu) | DDP wait+comm | DDP sleep |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for i, s in enumerate(sc["slowdowns"]):
+            if not runs or not druns:
+                break
+            h = [x["ranks"][i] for x in runs]
+            d = [x["ranks"][i] for x in druns]
+            batch = [x["batch"] for x in h]
+            micro = [x["micro_batch"] for x in h]
+            compute, comm = median(x["compute_s"] for x in h), median(x["comm_s"] for x in h)
+            dcpu, dwait = median(x["cpu_s"] for x in d), median(x["wall_s"] - x["cpu_s"] for x in d)
+            lines.append(
+                f"| {i} | {s:g} | {min(batch)}-{max(batch)} | {min(micro)}-{max(micro)} x "
+                f"{max(x['accum'] for x in h)} | {compute * 1e3:.2f} | {comm * 1e3:.2f} | "
+                f"{(step - compute - comm) * 1e3:.2f} | {d[0]['batch']} | {dcpu * 1e3:.2f} | {dwait * 1e3:.2f} | "
+                f"{median(x['sleep_s'] for x in d) * 1e3:.2f} |")
+        lines.append("")
+    lines.append("hetra batch, micro x accum: range over rounds of the last step's plan. compute = the rank's "
+                 "compute phases incl. the emulation's sleep; comm = waiting for the gradient allreduce after "
+                 "them; rest = step time - compute - comm (optimizer step, per-step stats allgather, sampling: "
+                 "real work, not slowed by the emulation). DDP compute (cpu) = main-thread CPU time of the "
+                 "phase; wait+comm = the rest of its wall time, sleeps excluded (waiting for the other ranks, "
+                 "for a CPU, and for the allreduce).")
+    if saved.get("failures"):
+        lines.append(f"\n**{saved['failures']} run(s) failed**: see the logs next to results.json.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+#!/usr/bin/python3
+"""Peer benchmark: PyTorch DistributedDataParallel (Gloo) training on emulated heterogeneous CPU devices.
+
+The same job as `hetra run examples/fashion_mnist_hetero.toml`, the way a PyTorch user runs it: Fashion-MNIST,
+an MLP 784-512-512-10 (ReLU), SGD with Nesterov momentum, one rank per device, DistributedDataParallel with its
+default buckets over Gloo on 127.0.0.1. DDP averages the ranks' gradients, so every rank must hold the same
+number of samples for the result to be the gradient of the global batch: the global batch is split equally
+(512 over 3 ranks -> 171, 171, 170), whatever the devices' speeds.
+
+Emulation, the rule hetra applies (src/train/trainer.cc, docs/benchmarks.md): a device of slowdown s runs its
+real compute phase (gather its samples, forward, backward, loss.item()), takes that phase's CPU time t (capped
+by the phase's wall time) and sleeps so that the phase lasts s*t (sleeps s*t - wall when positive). hetra
+launches its gradient allreduce at the end of backward and waits for it after the sleep. DDP instead
+all-reduces bucket by bucket inside backward() and returns only when all are done, so sleeping after
+backward (--emulate after-backward) would count DDP's wait for the other ranks as phase time and hide the
+communication in the sleep. By default (--emulate bucket) a comm hook applies the same rule just before each
+bucket's allreduce is launched (DDP's own allreduce_hook, so DDP behaves as without a hook), and the rest of
+the phase after the last launch is stretched by its CPU time: the slowed rank delivers each bucket when a
+device s times slower would, and DDP keeps its overlap of communication with backward. t is the CPU time of
+the main thread, which runs the whole computation with one intra-op thread and excludes Gloo's threads
+(--cpu-clock process counts them too, i.e. charges communication as compute). Ranks use one intra-op thread
+(OpenBLAS/OpenMP limited to one before torch is imported) and are pinned to CPUs as hetra pins emulated
+devices: first-fit decreasing by duty cycle 1/s onto the allowed CPUs (1,2,4 on two CPUs: the s=1 rank alone
+on the first, the s=2 and s=4 ranks on the second).
+
+Throughput: rank 0 times each whole step (sampling, compute phase, optimizer step). The allreduce inside
+backward() is a barrier of all ranks every step, so rank 0's steps follow the slowest rank. samples/s =
+global batch x (steps - warm-up) / the summed time of the steps after warm-up (what hetra's metrics call the
+final samples_per_s). --solo trains one rank (a plain model, no DDP) on the whole global batch, pinned to the
+first allowed CPU: the solo speed of a device with the given slowdown.
+
+Needs the Debian python3-torch, so run it with /usr/bin/python3:
+  /usr/bin/python3 bench/torch_ddp_train.py --slowdowns 1,2,4 --steps 200 --json /tmp/ddp.json
+  /usr/bin/python3 bench/torch_ddp_train.py --solo --slowdowns 2 --steps 100
+"""
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+DATA = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530  # hetra's Fashion-MNIST normalisation
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--slowdowns", default="1,2,4", help="one slowdown per rank (per device), comma separated")
+    p.add_argument("--solo", action="store_true", help="one rank, no DDP, the whole global batch")
+    p.add_argument("--global-batch", type=int, default=512)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=10, help="steps left out of the mean samples/s")
+    p.add_argument("--lr", type=float, default=0.08)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--no-nesterov", dest="nesterov", action="store_false")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--data", default=DATA, help="folder of the Fashion-MNIST IDX .gz files")
+    p.add_argument("--cpu-clock", choices=["thread", "process"], default="thread",
+                   help="CPU time t of the emulation: main thread (default) or whole process / threads")
+    p.add_argument("--emulate", choices=["bucket", "after-backward"], default="bucket",
+                   help="DDP: slow down before each bucket's allreduce (default) or only after backward")
+    p.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin ranks to CPUs")
+    p.add_argument("--json", default=None, help="write the result (steps, per-rank stats) to this path")
+    p.add_argument("--quiet", action="store_true", help="no per-step lines")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before the launcher gives up")
+    # Internal: set by the launcher for each worker.
+    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    try:
+        a.slowdowns = [float(s) for s in a.slowdowns.split(",") if s.strip()]
+    except ValueError:
+        p.error("--slowdowns: comma separated numbers, e.g. 1,2,4")
+    if not a.slowdowns or min(a.slowdowns) < 1:
+        p.error("--slowdowns: at least one, each >= 1")
+    if a.solo and len(a.slowdowns) != 1:
+        p.error("--solo takes exactly one slowdown")
+    if a.global_batch < len(a.slowdowns) or a.steps < 1 or not 0 <= a.warmup < a.steps:
+        p.error("need --global-batch >= ranks, --steps >= 1 and 0 <= --warmup < --steps")
+    return a
+
+
+def equal_split(batch, n):
+    """DDP's way: sizes differ by at most one, the larger ones first (512/3 -> 171, 171, 170)."""
+    return [batch // n + (1 if r < batch % n else 0) for r in range(n)]
+
+
+def pack_by_duty(slowdowns, cpus):
+    """hetra's packByDuty (tools/hetra/launch.cc), one thread per rank: ranks in decreasing duty 1/s, each
+    onto the least loaded CPU (lowest first on ties); None when some CPU would exceed a full core."""
+    duty = [1.0 / s for s in slowdowns]
+    load = [0.0] * len(cpus)
+    sets = [None] * len(duty)
+    for r in sorted(range(len(duty)), key=lambda r: -duty[r]):  # sorted() is stable, as std::stable_sort
+        c = min(range(len(cpus)), key=lambda c: load[c])
+        load[c] += duty[r]
+        if load[c] > 1.0 + 1e-9:
+            return None
+        sets[r] = [cpus[c]]
+    return sets
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    magic, = struct.unpack(">i", raw[:4])
+    dims = struct.unpack(">" + "i" * (magic & 0xFF), raw[4:4 + 4 * (magic & 0xFF)])
+    return raw[4 + 4 * len(dims):], dims
+
+
+def load_fashion_mnist(torch, folder):
+    pixels, dims = read_idx(os.path.join(folder, "train-images-idx3-ubyte.gz"))
+    labels, _ = read_idx(os.path.join(folder, "train-labels-idx1-ubyte.gz"))
+    x = torch.frombuffer(bytearray(pixels), dtype=torch.uint8).reshape(dims[0], dims[1] * dims[2])
+    x = ((x.float() / 255.0) - MEAN) / STD
+    y = torch.frombuffer(bytearray(labels), dtype=torch.uint8).long()
+    return x.contiguous(), y
+
+
+class Emulator:
+    """hetra's slowdown rule for one compute phase: with t the phase's CPU time so far (capped by its wall
+    time), sleep until the phase has lasted s*t. catch_up() applies it mid-phase, before DDP launches a
+    bucket's allreduce, so the slowed device's gradients become ready when a device s times slower would
+    have them (and DDP's overlap of communication with backward is kept); end() applies it to the rest of
+    the phase, whose wall time includes DDP's wait for the allreduce, so only its CPU time is stretched."""
+
+    def __init__(self, slowdown, cpu_clock):
+        self.s, self.clock = slowdown, cpu_clock
+
+    def begin(self):
+        self.start, self.cpu_start = time.perf_counter(), self.clock()
+        self.mark, self.slept, self.wall, self.cpu = None, 0.0, 0.0, 0.0
+
+    def _sleep(self, seconds):
+        if self.s > 1 and seconds > 0:
+            time.sleep(seconds)
+            self.slept += seconds
+
+    def catch_up(self):
+        wall = time.perf_counter() - self.start
+        self._sleep(self.s * min(wall - self.slept, self.clock() - self.cpu_start) - wall)
+        self.mark = self.clock()
+
+    def end(self):
+        now = self.clock()
+        self.wall = time.perf_counter() - self.start - self.slept
+        self.cpu = now - self.cpu_start
+        if self.mark is None:  # no catch_up: the plain rule, as hetra applies it
+            self._sleep(self.s * min(self.wall, self.cpu) - self.wall)
+        else:
+            self._sleep((self.s - 1) * (now - self.mark))
+
+    def record(self):
+        return {"phase_s": self.wall + self.slept, "wall_s": self.wall, "cpu_s": self.cpu, "sleep_s": self.slept}
+
+
+def worker(a):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    world = 1 if a.solo else len(a.slowdowns)
+    rank = a.rank
+    slowdown = a.slowdowns[rank]
+    dist = None
+    if not a.solo:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=a.timeout))
+
+    x_all, y_all = load_fashion_mnist(torch, a.data)
+    torch.manual_seed(a.seed)
+    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    if not a.solo:
+        model = nn.parallel.DistributedDataParallel(model)  # default bucket_cap_mb (25) and first bucket
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, nesterov=a.nesterov)
+
+    batches = [a.global_batch] if a.solo else equal_split(a.global_batch, world)
+    begin = sum(batches[:rank])
+    mine = batches[rank]
+    per_epoch = x_all.shape[0] // a.global_batch
+    emu = Emulator(slowdown, time.thread_time if a.cpu_clock == "thread" else time.process_time)
+    if not a.solo and a.emulate == "bucket":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def slowed_allreduce(state, bucket):
+            emu.catch_up()
+            return allreduce_hook(state, bucket)  # DDP's own path: divide by world size, allreduce
+
+        model.register_comm_hook(None, slowed_allreduce)
+
+    steps, loss_value = [], 0.0
+    perm, perm_epoch = None, -1
+    if dist:
+        dist.barrier()
+    for step in range(a.steps):
+        step_start = time.perf_counter()
+        epoch = step // per_epoch
+        if epoch != perm_epoch:  # every rank draws the same permutation, then takes its own slice
+            perm = torch.randperm(x_all.shape[0], generator=torch.Generator().manual_seed(a.seed * 1000 + epoch))
+            perm_epoch = epoch
+        first = (step % per_epoch) * a.global_batch + begin
+        index = perm[first:first + mine]
+
+        emu.begin()
+        x = x_all.index_select(0, index)
+        y = y_all.index_select(0, index)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()  # DDP: buckets are all-reduced (after emu.catch_up) and waited for in here
+        loss_value = loss.item()
+        emu.end()
+
+        opt.step()
+        opt.zero_grad()
+        steps.append({"step": step + 1, "step_time_s": time.perf_counter() - step_start, "loss": loss_value,
+                      **emu.record()})
+
+    measured = steps[a.warmup:]
+
+    def mean(key):
+        return sum(s[key] for s in measured) / len(measured)
+
+    mine_stats = {"rank": rank, "slowdown": slowdown, "batch": mine, "cpus": sorted(os.sched_getaffinity(0)),
+                  "phase_s": mean("phase_s"), "wall_s": mean("wall_s"), "cpu_s": mean("cpu_s"),
+                  "sleep_s": mean("sleep_s"), "step_time_s": mean("step_time_s")}
+    ranks = [mine_stats]
+    if dist:
+        ranks = [None] * world
+        dist.all_gather_object(ranks, mine_stats)
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank != 0:
+        return 0
+
+    total = sum(s["step_time_s"] for s in measured)
+    samples_per_s = a.global_batch * len(measured) / total
+    if not a.quiet:
+        for s in steps:
+            print(f"step {s['step']:5d}  loss {s['loss']:.4f}  step_time {s['step_time_s'] * 1e3:8.2f} ms  "
+                  f"samples/s {a.global_batch / s['step_time_s']:10.0f}")
+    for r in ranks:
+        print(f"rank {r['rank']} slowdown {r['slowdown']:g} batch {r['batch']} cpus {r['cpus']}: compute "
+              f"{r['wall_s'] * 1e3:.2f} ms wall ({r['cpu_s'] * 1e3:.2f} ms cpu) + sleep {r['sleep_s'] * 1e3:.2f} ms, "
+              f"step {r['step_time_s'] * 1e3:.2f} ms")
+    mode = "solo" if a.solo else f"DDP x{world}"
+    print(f"{mode} slowdowns {','.join(f'{s:g}' for s in a.slowdowns)} global batch {a.global_batch}: "
+          f"samples/s {samples_per_s:.0f} (mean over steps {a.warmup + 1}-{a.steps})", flush=True)
+    if a.json:
+        result = {"impl": "torch-solo" if a.solo else "torch-ddp", "torch": torch.__version__,
+                  "slowdowns": a.slowdowns, "global_batch": a.global_batch, "batches": batches, "steps": a.steps,
+                  "warmup": a.warmup, "lr": a.lr, "cpu_clock": a.cpu_clock,
+                  "emulate": "after-backward" if a.solo else a.emulate, "samples_per_s": samples_per_s,
+                  "ranks": ranks, "step_records": steps}
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(argv, a):
+    world = 1 if a.solo else len(a.slowdowns)
+    cpus = sorted(os.sched_getaffinity(0))
+    sets = pack_by_duty(a.slowdowns, cpus) if a.pin else None
+    if a.pin and sets is None:
+        print(f"torch_ddp_train: duty cycles {sum(1 / s for s in a.slowdowns):.2f} do not fit {len(cpus)} CPUs; "
+              "not pinning (the numbers mean little)", file=sys.stderr)
+    # Set before torch is imported in the child, so OpenBLAS and OpenMP size their pools to one thread.
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               GLOO_SOCKET_IFNAME="lo")
+    port = free_port()
+    procs = []
+    for r in range(world):
+        pin = (lambda cpu_set: (lambda: os.sched_setaffinity(0, cpu_set)))(sets[r]) if sets else None
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv, "--rank", str(r),
+                                       "--port", str(port)], env=env, preexec_fn=pin))
+    deadline = time.monotonic() + a.timeout
+    failed = 0
+    try:
+        # Poll them all: when one rank fails, the others would only notice at the Gloo timeout.
+        while not failed and any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                print(f"torch_ddp_train: timed out after {a.timeout:.0f}s", file=sys.stderr)
+                failed = 124
+            time.sleep(0.05)
+            for r, p in enumerate(procs):
+                if p.poll() not in (None, 0) and not failed:
+                    print(f"torch_ddp_train: rank {r} exited with status {p.returncode}", file=sys.stderr)
+                    failed = p.returncode if p.returncode > 0 else 1
+        if not failed:
+            failed = next((p.returncode if p.returncode > 0 else 1 for p in procs if p.returncode), 0)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return failed
+
+
+def main():
+    argv = sys.argv[1:]
+    a = parse_args(argv)
+    if a.rank is None:
+        return launch(argv, a)
+    return worker(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
