@@ -17,10 +17,22 @@
 
 namespace hetra::train {
 
+class Model;    // train/models.h
+class Dataset;  // train/datasets.h
+
 struct TrainerOptions {
   std::string metricsPath;   // JSON Lines written by rank 0 ("" = none)
   std::string resumeDir;     // checkpoint directory to continue from ("" = start fresh)
   bool progressBar = false;  // rank 0 redraws one progress line (a terminal) instead of plain lines
+
+  // A program's own model and data instead of config.model and config.data (examples/
+  // custom_model.cpp). Each rank calls them once. The replicas may start different: rank 0's
+  // parameters are broadcast. The datasets must be equal on every rank (the sampler hands out
+  // global indices); ranks that are threads may share one. A custom model's memory footprint is
+  // unknown, so devices[i].memory caps do not bound its micro-batches, and checkModelFits does not
+  // apply.
+  std::function<std::shared_ptr<Model>()> makeModel;
+  std::function<std::shared_ptr<const Dataset>(bool train)> makeDataset;
 };
 
 struct TrainResult {
