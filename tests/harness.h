@@ -1,5 +1,5 @@
-// Test helpers: run one thread per rank inside one process (Gloo's test style) and fill buffers with a
-// distinct value per rank and element, so misplaced data shows.
+// Test helpers: run one thread per rank inside one process (Gloo's test style) and fill buffers
+// with a distinct value per rank and element, so misplaced data shows.
 #pragma once
 
 #include <exception>
@@ -14,7 +14,8 @@
 namespace hetra::test {
 
 // Runs fn(rank) on `size` threads and returns each rank's exception (nullptr where it succeeded).
-inline std::vector<std::exception_ptr> runRanksCollect(int size, const std::function<void(int)>& fn) {
+inline std::vector<std::exception_ptr> runRanksCollect(int size,
+                                                       const std::function<void(int)>& fn) {
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;
   threads.reserve(size);
