@@ -11,51 +11,11 @@ namespace {
 
 // Scalar reference: every element converted to double, reduced, converted back to the dtype.
 double load(DType d, const std::vector<uint8_t>& b, size_t i) {
-  switch (d) {
-    case DType::F32:
-      return reinterpret_cast<const float*>(b.data())[i];
-    case DType::F64:
-      return reinterpret_cast<const double*>(b.data())[i];
-    case DType::F16:
-      return hetra::halfToFloat(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case DType::BF16:
-      return hetra::bfloat16ToFloat(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case DType::I32:
-      return reinterpret_cast<const int32_t*>(b.data())[i];
-    case DType::I64:
-      return double(reinterpret_cast<const int64_t*>(b.data())[i]);
-    case DType::U8:
-      return b[i];
-  }
-  return 0;
+  return loadElement(d, b.data(), i);
 }
-
 void store(DType d, std::vector<uint8_t>& b, size_t i, double v) {
-  switch (d) {
-    case DType::F32:
-      reinterpret_cast<float*>(b.data())[i] = float(v);
-      break;
-    case DType::F64:
-      reinterpret_cast<double*>(b.data())[i] = v;
-      break;
-    case DType::F16:
-      reinterpret_cast<uint16_t*>(b.data())[i] = hetra::floatToHalf(float(v));
-      break;
-    case DType::BF16:
-      reinterpret_cast<uint16_t*>(b.data())[i] = hetra::floatToBFloat16(float(v));
-      break;
-    case DType::I32:
-      reinterpret_cast<int32_t*>(b.data())[i] = int32_t(v);
-      break;
-    case DType::I64:
-      reinterpret_cast<int64_t*>(b.data())[i] = int64_t(v);
-      break;
-    case DType::U8:
-      b[i] = uint8_t(v);
-      break;
-  }
+  storeElement(d, b.data(), i, v);
 }
-
 class ReduceTest : public ::testing::TestWithParam<std::tuple<DType, ReduceOp>> {};
 
 TEST_P(ReduceTest, ManySourcesMatchScalarReference) {

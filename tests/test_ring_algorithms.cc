@@ -34,57 +34,11 @@ Deadline soon() {
 
 // --- typed element access through doubles (every test value is exact in its dtype) ---
 
-double load(DType t, const void* p, size_t i) {
-  switch (t) {
-    case DType::F32:
-      return static_cast<const float*>(p)[i];
-    case DType::F64:
-      return static_cast<const double*>(p)[i];
-    case DType::F16:
-      return hetra::halfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::BF16:
-      return hetra::bfloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::I32:
-      return static_cast<const int32_t*>(p)[i];
-    case DType::I64:
-      return double(static_cast<const int64_t*>(p)[i]);
-    case DType::U8:
-      return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
-
-void put(DType t, void* p, size_t i, double v) {
-  switch (t) {
-    case DType::F32:
-      static_cast<float*>(p)[i] = float(v);
-      break;
-    case DType::F64:
-      static_cast<double*>(p)[i] = v;
-      break;
-    case DType::F16:
-      static_cast<uint16_t*>(p)[i] = hetra::floatToHalf(float(v));
-      break;
-    case DType::BF16:
-      static_cast<uint16_t*>(p)[i] = hetra::floatToBFloat16(float(v));
-      break;
-    case DType::I32:
-      static_cast<int32_t*>(p)[i] = int32_t(v);
-      break;
-    case DType::I64:
-      static_cast<int64_t*>(p)[i] = int64_t(v);
-      break;
-    case DType::U8:
-      static_cast<uint8_t*>(p)[i] = uint8_t(int64_t(v) & 0xff);
-      break;
-  }
-}
-
 // v as the dtype stores it (u8 wraps).
 double stored(DType t, double v) {
   uint8_t cell[8];
-  put(t, cell, 0, v);
-  return load(t, cell, 0);
+  storeElement(t, cell, 0, v);
+  return loadElement(t, cell, 0);
 }
 
 // Half types and u8 get small integers so that sums of up to 8 ranks stay exact.
@@ -179,7 +133,7 @@ void checkAllreduce(int n, size_t count, DType t, ReduceOp op, bool inPlace) {
   const size_t es = dtypeSize(t);
   onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
     std::vector<uint8_t> in(count * es + 1), out(count * es + 1, 0xee);
-    for (size_t i = 0; i < count; ++i) put(t, in.data(), i, inputValue(t, r, i));
+    for (size_t i = 0; i < count; ++i) storeElement(t, in.data(), i, inputValue(t, r, i));
     AllreduceArgs args;
     args.in = in.data();
     args.out = inPlace ? in.data() : out.data();
@@ -191,7 +145,7 @@ void checkAllreduce(int n, size_t count, DType t, ReduceOp op, bool inPlace) {
     allreduceRing(transport, args);
     const void* result = args.out;
     EXPECT_ELEMENTS(
-        count, [&](size_t i) { return load(t, result, i); },
+        count, [&](size_t i) { return loadElement(t, result, i); },
         [&](size_t i) { return expectedReduced(t, op, n, i); },
         caseName("allreduce", n, count, t)
             << " " << reduceOpName(op) << (inPlace ? " in place" : "") << " rank " << r);
@@ -203,7 +157,7 @@ void checkReduceScatter(int n, const std::vector<size_t>& counts, DType t, Reduc
   const size_t total = totalCount(counts);
   onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
     std::vector<uint8_t> in(total * es + 1), out(counts[r] * es + 1, 0xee);
-    for (size_t i = 0; i < total; ++i) put(t, in.data(), i, inputValue(t, r, i));
+    for (size_t i = 0; i < total; ++i) storeElement(t, in.data(), i, inputValue(t, r, i));
     size_t offset = 0;
     for (int b = 0; b < r; ++b) offset += counts[b];
     ReduceScatterArgs args;
@@ -216,7 +170,7 @@ void checkReduceScatter(int n, const std::vector<size_t>& counts, DType t, Reduc
     args.deadline = soon();
     reduceScatterRing(transport, args);
     EXPECT_ELEMENTS(
-        counts[r], [&](size_t i) { return load(t, out.data(), i); },
+        counts[r], [&](size_t i) { return loadElement(t, out.data(), i); },
         [&](size_t i) { return expectedReduced(t, op, n, offset + i); },
         caseName("reduce-scatter", n, total, t) << " " << reduceOpName(op) << " rank " << r);
     EXPECT_EQ(out[counts[r] * es], 0xee) << "reduce-scatter wrote past its block on rank " << r;
@@ -231,7 +185,7 @@ void checkAllgather(int n, const std::vector<size_t>& counts, DType t, bool inPl
   onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
     std::vector<uint8_t> in(counts[r] * es + 1), out(total * es + 1, 0xee);
     void* mine = inPlace ? static_cast<void*>(out.data() + offsets[r] * es) : in.data();
-    for (size_t i = 0; i < counts[r]; ++i) put(t, mine, i, inputValue(t, r, i));
+    for (size_t i = 0; i < counts[r]; ++i) storeElement(t, mine, i, inputValue(t, r, i));
     AllgatherArgs args;
     args.in = mine;
     args.out = out.data();
@@ -242,7 +196,7 @@ void checkAllgather(int n, const std::vector<size_t>& counts, DType t, bool inPl
     allgatherRing(transport, args);
     for (int b = 0; b < n; ++b)
       EXPECT_ELEMENTS(
-          counts[b], [&](size_t i) { return load(t, out.data(), offsets[b] + i); },
+          counts[b], [&](size_t i) { return loadElement(t, out.data(), offsets[b] + i); },
           [&](size_t i) { return stored(t, inputValue(t, b, i)); },
           caseName("allgather", n, total, t)
               << " block " << b << (inPlace ? " in place" : "") << " rank " << r);
@@ -255,7 +209,7 @@ void checkBroadcast(int n, size_t count, DType t, int root) {
   onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
     std::vector<uint8_t> buf(count * es + 1, 0xee);
     for (size_t i = 0; i < count; ++i)
-      put(t, buf.data(), i, inputValue(t, r == root ? root : r + 50, i));
+      storeElement(t, buf.data(), i, inputValue(t, r == root ? root : r + 50, i));
     BroadcastArgs args;
     args.buf = buf.data();
     args.count = count;
@@ -265,7 +219,7 @@ void checkBroadcast(int n, size_t count, DType t, int root) {
     args.deadline = soon();
     broadcastPipelined(transport, args);
     EXPECT_ELEMENTS(
-        count, [&](size_t i) { return load(t, buf.data(), i); },
+        count, [&](size_t i) { return loadElement(t, buf.data(), i); },
         [&](size_t i) { return stored(t, inputValue(t, root, i)); },
         caseName("broadcast", n, count, t) << " root " << root << " rank " << r);
   });

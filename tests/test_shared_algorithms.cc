@@ -59,53 +59,6 @@ std::unique_ptr<Transport> connect(store::Store& store, int rank, int size, size
   return createShmTransport(store, rank, size, options);
 }
 
-// Typed element access through doubles (every test value is exact in every dtype it is used with).
-void setElem(DType dtype, void* buf, size_t i, double v) {
-  switch (dtype) {
-    case DType::F32:
-      static_cast<float*>(buf)[i] = float(v);
-      break;
-    case DType::F64:
-      static_cast<double*>(buf)[i] = v;
-      break;
-    case DType::F16:
-      static_cast<uint16_t*>(buf)[i] = hetra::floatToHalf(float(v));
-      break;
-    case DType::BF16:
-      static_cast<uint16_t*>(buf)[i] = hetra::floatToBFloat16(float(v));
-      break;
-    case DType::I32:
-      static_cast<int32_t*>(buf)[i] = int32_t(v);
-      break;
-    case DType::I64:
-      static_cast<int64_t*>(buf)[i] = int64_t(v);
-      break;
-    case DType::U8:
-      static_cast<uint8_t*>(buf)[i] = uint8_t(int64_t(v) & 0xff);
-      break;
-  }
-}
-
-double getElem(DType dtype, const void* buf, size_t i) {
-  switch (dtype) {
-    case DType::F32:
-      return static_cast<const float*>(buf)[i];
-    case DType::F64:
-      return static_cast<const double*>(buf)[i];
-    case DType::F16:
-      return hetra::halfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DType::BF16:
-      return hetra::bfloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DType::I32:
-      return static_cast<const int32_t*>(buf)[i];
-    case DType::I64:
-      return double(static_cast<const int64_t*>(buf)[i]);
-    case DType::U8:
-      return static_cast<const uint8_t*>(buf)[i];
-  }
-  return 0;
-}
-
 bool smallRange(DType dtype) {
   return dtype == DType::F16 || dtype == DType::BF16 || dtype == DType::U8;
 }
@@ -113,8 +66,8 @@ bool smallRange(DType dtype) {
 // The value rank `rank` holds at `index`, as stored in `dtype`.
 double inputValue(DType dtype, int rank, size_t index) {
   uint64_t storage = 0;
-  setElem(dtype, &storage, 0, distinctValue(rank, index, smallRange(dtype)));
-  return getElem(dtype, &storage, 0);
+  storeElement(dtype, &storage, 0, distinctValue(rank, index, smallRange(dtype)));
+  return loadElement(dtype, &storage, 0);
 }
 
 // op over every rank's inputValue, rounded to `dtype` like the result.
@@ -130,8 +83,8 @@ double expectedReduce(DType dtype, ReduceOp op, int size, size_t index) {
       acc += v;
   }
   uint64_t storage = 0;
-  setElem(dtype, &storage, 0, acc);
-  return getElem(dtype, &storage, 0);
+  storeElement(dtype, &storage, 0, acc);
+  return loadElement(dtype, &storage, 0);
 }
 
 bool near(DType dtype, double got, double want) {
@@ -179,7 +132,7 @@ void sweepAllreduce(SharedArena& arena, uint64_t& seq, Checker& check,
         auto in = bufferOf(dtype, count);
         auto out = bufferOf(dtype, count);
         for (size_t i = 0; i < count; ++i)
-          setElem(dtype, in.data(), i, distinctValue(me, i, smallRange(dtype)));
+          storeElement(dtype, in.data(), i, distinctValue(me, i, smallRange(dtype)));
         AllreduceArgs args;
         args.in = in.data();
         args.out = inPlace ? in.data() : out.data();
@@ -190,7 +143,8 @@ void sweepAllreduce(SharedArena& arena, uint64_t& seq, Checker& check,
         args.deadline = testDeadline();
         allreduceShared(arena, args);
         for (size_t i = 0; i < count; ++i) {
-          const double got = getElem(dtype, args.out, i), want = expectedReduce(dtype, op, n, i);
+          const double got = loadElement(dtype, args.out, i),
+                       want = expectedReduce(dtype, op, n, i);
           check.expect(near(dtype, got, want), [&] {
             return str("allreduce ", dtypeName(dtype), " ", reduceOpName(op), " count ", count,
                        inPlace ? " in place" : "", " n ", n, ": [", i, "] = ", got, ", want ",
@@ -225,7 +179,7 @@ void sweepReduceScatter(SharedArena& arena, uint64_t& seq, Checker& check,
           auto in = bufferOf(dtype, total);
           auto out = bufferOf(dtype, counts[me]);
           for (size_t i = 0; i < total; ++i)
-            setElem(dtype, in.data(), i, distinctValue(me, i, smallRange(dtype)));
+            storeElement(dtype, in.data(), i, distinctValue(me, i, smallRange(dtype)));
           ReduceScatterArgs args;
           args.in = in.data();
           // In place as NCCL does it: the output is this rank's block of the input.
@@ -237,7 +191,7 @@ void sweepReduceScatter(SharedArena& arena, uint64_t& seq, Checker& check,
           args.deadline = testDeadline();
           reduceScatterShared(arena, args);
           for (size_t i = 0; i < counts[me]; ++i) {
-            const double got = getElem(dtype, args.out, i);
+            const double got = loadElement(dtype, args.out, i);
             const double want = expectedReduce(dtype, op, n, offset + i);
             check.expect(near(dtype, got, want), [&] {
               return str("reduce-scatter ", dtypeName(dtype), " ", reduceOpName(op), " count ",
@@ -266,7 +220,7 @@ void sweepAllgather(SharedArena& arena, uint64_t& seq, Checker& check,
         uint8_t* mine = inPlace ? out.data() + offsets[me] * dtypeSize(dtype) : in.data();
         // Element i of rank k's block carries distinctValue(k, i): rank and position both show.
         for (size_t i = 0; i < counts[me]; ++i)
-          setElem(dtype, mine, i, distinctValue(me, i, smallRange(dtype)));
+          storeElement(dtype, mine, i, distinctValue(me, i, smallRange(dtype)));
         AllgatherArgs args;
         args.in = mine;
         args.out = out.data();
@@ -277,7 +231,7 @@ void sweepAllgather(SharedArena& arena, uint64_t& seq, Checker& check,
         allgatherShared(arena, args);
         for (int k = 0; k < n; ++k) {
           for (size_t i = 0; i < counts[k]; ++i) {
-            const double got = getElem(dtype, out.data(), offsets[k] + i);
+            const double got = loadElement(dtype, out.data(), offsets[k] + i);
             const double want = inputValue(dtype, k, i);
             check.expect(got == want, [&] {
               return str("allgather ", dtypeName(dtype), " count ", count, uneven ? " uneven" : "",
@@ -300,7 +254,7 @@ void sweepBroadcast(SharedArena& arena, uint64_t& seq, Checker& check,
         auto buf = bufferOf(dtype, count);
         if (me == root)
           for (size_t i = 0; i < count; ++i)
-            setElem(dtype, buf.data(), i, distinctValue(root + 1, i, smallRange(dtype)));
+            storeElement(dtype, buf.data(), i, distinctValue(root + 1, i, smallRange(dtype)));
         BroadcastArgs args;
         args.buf = buf.data();
         args.count = count;
@@ -310,7 +264,7 @@ void sweepBroadcast(SharedArena& arena, uint64_t& seq, Checker& check,
         args.deadline = testDeadline();
         broadcastShared(arena, args);
         for (size_t i = 0; i < count; ++i) {
-          const double got = getElem(dtype, buf.data(), i);
+          const double got = loadElement(dtype, buf.data(), i);
           const double want = inputValue(dtype, root + 1, i);
           check.expect(got == want, [&] {
             return str("broadcast ", dtypeName(dtype), " count ", count, " root ", root, " n ", n,

@@ -66,6 +66,53 @@ bool isFloating(DType dtype) {
   return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::F16 || dtype == DType::BF16;
 }
 
+double loadElement(DType dtype, const void* buffer, size_t index) {
+  switch (dtype) {
+    case DType::F32:
+      return static_cast<const float*>(buffer)[index];
+    case DType::F64:
+      return static_cast<const double*>(buffer)[index];
+    case DType::F16:
+      return halfToFloat(static_cast<const uint16_t*>(buffer)[index]);
+    case DType::BF16:
+      return bfloat16ToFloat(static_cast<const uint16_t*>(buffer)[index]);
+    case DType::I32:
+      return static_cast<const int32_t*>(buffer)[index];
+    case DType::I64:
+      return double(static_cast<const int64_t*>(buffer)[index]);
+    case DType::U8:
+      return static_cast<const uint8_t*>(buffer)[index];
+  }
+  throw EnforceError(str("unknown dtype ", int(dtype)));
+}
+
+void storeElement(DType dtype, void* buffer, size_t index, double value) {
+  switch (dtype) {
+    case DType::F32:
+      static_cast<float*>(buffer)[index] = float(value);
+      return;
+    case DType::F64:
+      static_cast<double*>(buffer)[index] = value;
+      return;
+    case DType::F16:
+      static_cast<uint16_t*>(buffer)[index] = floatToHalf(float(value));
+      return;
+    case DType::BF16:
+      static_cast<uint16_t*>(buffer)[index] = floatToBFloat16(float(value));
+      return;
+    case DType::I32:
+      static_cast<int32_t*>(buffer)[index] = int32_t(value);
+      return;
+    case DType::I64:
+      static_cast<int64_t*>(buffer)[index] = int64_t(value);
+      return;
+    case DType::U8:
+      static_cast<uint8_t*>(buffer)[index] = uint8_t(int64_t(value) & 0xff);
+      return;
+  }
+  throw EnforceError(str("unknown dtype ", int(dtype)));
+}
+
 uint16_t floatToHalf(float value) {
   uint32_t x;
   std::memcpy(&x, &value, sizeof x);

@@ -21,6 +21,11 @@ const char* dtypeName(DType dtype);  // "float32", "float16", ...
 DType parseDType(std::string_view name);
 bool isFloating(DType dtype);
 
+// One element of a typed buffer as a double, and back (float types round to nearest even, integers
+// truncate, uint8 wraps). For tools and tests that fill and check buffers, not for hot paths.
+double loadElement(DType dtype, const void* buffer, size_t index);
+void storeElement(DType dtype, void* buffer, size_t index, double value);
+
 // IEEE half and bfloat16 conversions, round to nearest even; NaN stays NaN, Inf stays Inf.
 uint16_t floatToHalf(float value);
 float halfToFloat(uint16_t bits);

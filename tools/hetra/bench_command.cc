@@ -62,52 +62,6 @@ double inputValue(DType dtype, int rank, size_t i) {
   }
 }
 
-void storeValue(DType dtype, void* buf, size_t i, double v) {
-  switch (dtype) {
-    case DType::F32:
-      static_cast<float*>(buf)[i] = float(v);
-      break;
-    case DType::F64:
-      static_cast<double*>(buf)[i] = v;
-      break;
-    case DType::F16:
-      static_cast<uint16_t*>(buf)[i] = floatToHalf(float(v));
-      break;
-    case DType::BF16:
-      static_cast<uint16_t*>(buf)[i] = floatToBFloat16(float(v));
-      break;
-    case DType::I32:
-      static_cast<int32_t*>(buf)[i] = int32_t(v);
-      break;
-    case DType::I64:
-      static_cast<int64_t*>(buf)[i] = int64_t(v);
-      break;
-    case DType::U8:
-      static_cast<uint8_t*>(buf)[i] = uint8_t(v);
-      break;
-  }
-}
-
-double loadValue(DType dtype, const void* buf, size_t i) {
-  switch (dtype) {
-    case DType::F32:
-      return static_cast<const float*>(buf)[i];
-    case DType::F64:
-      return static_cast<const double*>(buf)[i];
-    case DType::F16:
-      return halfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DType::BF16:
-      return bfloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DType::I32:
-      return static_cast<const int32_t*>(buf)[i];
-    case DType::I64:
-      return double(static_cast<const int64_t*>(buf)[i]);
-    case DType::U8:
-      return static_cast<const uint8_t*>(buf)[i];
-  }
-  return 0;
-}
-
 double expectedReduction(const BenchOptions& o, int n, size_t i) {
   double acc = inputValue(o.dtype, 0, i);
   for (int r = 1; r < n; ++r) {
@@ -159,7 +113,7 @@ class Bench {
     b.out.assign(std::max<size_t>(outCount, 1) * elem, 0);
     const size_t offset = kind_ == Collective::Allgather ? size_t(comm_.rank()) * (count / n) : 0;
     for (size_t i = 0; i < inCount; ++i)
-      storeValue(o_.dtype, b.in.data(), i, inputValue(o_.dtype, comm_.rank(), offset + i));
+      storeElement(o_.dtype, b.in.data(), i, inputValue(o_.dtype, comm_.rank(), offset + i));
   }
 
   comm::WorkPtr start(size_t count, Buffers& b) const {
@@ -183,25 +137,27 @@ class Bench {
     switch (kind_) {
       case Collective::Allreduce:
         for (size_t i = 0; i < count; ++i)
-          wrong += !matches(o_, loadValue(o_.dtype, b.out.data(), i), expectedReduction(o_, n, i));
+          wrong +=
+              !matches(o_, loadElement(o_.dtype, b.out.data(), i), expectedReduction(o_, n, i));
         break;
       case Collective::ReduceScatter: {
         const size_t block = count / n;
         for (size_t i = 0; i < block; ++i)
-          wrong += !matches(o_, loadValue(o_.dtype, b.out.data(), i),
+          wrong += !matches(o_, loadElement(o_.dtype, b.out.data(), i),
                             expectedReduction(o_, n, rank * block + i));
         break;
       }
       case Collective::Allgather: {
         const size_t block = count / n;
         for (size_t i = 0; i < count; ++i)
-          wrong += loadValue(o_.dtype, b.out.data(), i) != inputValue(o_.dtype, int(i / block), i);
+          wrong +=
+              loadElement(o_.dtype, b.out.data(), i) != inputValue(o_.dtype, int(i / block), i);
         break;
       }
       case Collective::Broadcast:
         if (rank != 0)
           for (size_t i = 0; i < count; ++i)
-            wrong += loadValue(o_.dtype, b.out.data(), i) != inputValue(o_.dtype, 0, i);
+            wrong += loadElement(o_.dtype, b.out.data(), i) != inputValue(o_.dtype, 0, i);
         break;
     }
     return wrong;
