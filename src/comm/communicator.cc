@@ -375,7 +375,7 @@ class CommunicatorImpl : public Communicator,
   int splits_ = 0;
 
   static constexpr int kWaitSpinUs = 50;
-  static constexpr int kPollUs = 200;
+  static constexpr int kPollUs = 1000;
   static constexpr int kDeepSleepMs = 50;
 
   std::mutex mutex_;

@@ -1,5 +1,12 @@
 #include "train/data_parallel.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <cstdint>
+
 #include "common/errors.h"
 #include "common/logging.h"
 
@@ -11,45 +18,89 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
   for (auto& p : model_->parameters())
     if (p.requires_grad()) {
       HETRA_ENFORCE(p.scalar_type() == torch::kFloat32, "DataParallel supports float32 parameters");
+      HETRA_ENFORCE(p.is_contiguous(), "DataParallel needs contiguous parameters");
       params_.push_back(p);
     }
   slots_.resize(params_.size());
-  // Reverse registration order: backward produces the last layers' gradients first.
-  size_t bucketElems = 0;
-  for (size_t k = params_.size(); k-- > 0;) {
+  // Walk the parameters in reverse registration order, the order backward produces their
+  // gradients. A large parameter is reduced where autograd left it: copying it into a bucket would
+  // cost the compute thread a pass over its memory, and it is big enough for an allreduce of its
+  // own. Small parameters are packed; a packed bucket stays open across direct ones until full.
+  // Buckets are launched in the order their last parameter becomes ready, a packed one also after
+  // the parameter that follows it in the walk (a bias is produced with its layer's weight, which
+  // comes next): ranks that finished early wait inside the first operation the last rank has not
+  // reached, and when that is the large one they have staged their part of it already, instead of
+  // staging it after a tiny operation completes, on the critical path.
+  const size_t directBytes = std::min(options.directBytes, options.bucketBytes);
+  struct Draft {
+    Bucket bucket;
+    size_t closedAt = 0;  // 2 x position in the walk of its last parameter (+3 if packed)
+    int64_t elems = 0;
+  };
+  std::vector<Draft> drafts;
+  std::vector<std::pair<size_t, int64_t>> draftOf(params_.size());  // (draft, offset)
+  size_t open = SIZE_MAX;  // the packed draft that may take more parameters
+  size_t position = 0;
+  for (size_t k = params_.size(); k-- > 0; ++position) {
     const int64_t numel = params_[k].numel();
-    if (buckets_.empty() ||
-        (bucketElems > 0 && (bucketElems + size_t(numel)) * 4 > options.bucketBytes)) {
-      buckets_.emplace_back();
-      bucketElems = 0;
+    size_t d;
+    if (size_t(numel) * 4 >= directBytes) {
+      d = drafts.size();
+      drafts.emplace_back();
+      drafts[d].bucket.direct = true;
+    } else {
+      if (open != SIZE_MAX && size_t(drafts[open].elems + numel) * 4 > options.bucketBytes)
+        open = SIZE_MAX;
+      if (open == SIZE_MAX) {
+        open = drafts.size();
+        drafts.emplace_back();
+      }
+      d = open;
     }
-    slots_[k] = {buckets_.size() - 1, int64_t(bucketElems), false};
-    buckets_.back().params.push_back(k);
-    bucketElems += size_t(numel);
-    buckets_.back().flat = torch::Tensor();  // sized below
+    draftOf[k] = {d, drafts[d].elems};
+    drafts[d].bucket.params.push_back(k);
+    drafts[d].elems += numel;
+    drafts[d].closedAt = drafts[d].bucket.direct ? 2 * position : 2 * position + 3;
   }
+  std::vector<size_t> order(drafts.size());
+  for (size_t d = 0; d < order.size(); ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return drafts[x].closedAt < drafts[y].closedAt; });
+  std::vector<size_t> indexOf(drafts.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    indexOf[order[i]] = i;
+    buckets_.push_back(std::move(drafts[order[i]].bucket));
+  }
+  for (size_t k = 0; k < params_.size(); ++k)
+    slots_[k] = {indexOf[draftOf[k].first], draftOf[k].second, false};
   for (auto& b : buckets_) {
+    if (b.direct) continue;
     int64_t total = 0;
     for (size_t k : b.params) total += params_[k].numel();
     b.flat = torch::zeros({total}, torch::kFloat32);
   }
+  // The hook fires after autograd accumulated the parameter's gradient (a tensor hook would see
+  // only this micro-batch's part, before accumulation).
   for (size_t k = 0; k < params_.size(); ++k) {
-    params_[k].register_hook([this, k](torch::Tensor grad) {
-      if (armed_) onGradient(k, grad);
-      return grad;
-    });
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[k]));
+    HETRA_ENFORCE(accumulators_.back() != nullptr, "parameter ", k, " has no gradient accumulator");
+    hookKeys_.push_back(accumulators_.back()->add_post_hook(
+        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, k](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+              if (armed_) onReady(k);
+              return outputs;
+            })));
   }
 }
 
 DataParallel::~DataParallel() {
-  // Hooks capture `this`; they only act while armed, and a step never ends armed.
-  armed_ = false;
+  for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hookKeys_[k]);
 }
 
 void DataParallel::broadcastParameters() {
   torch::NoGradGuard noGrad;
   std::vector<comm::WorkPtr> works;
-  std::vector<torch::Tensor> staged;
   auto broadcastTensor = [&](torch::Tensor t) {
     HETRA_ENFORCE(t.is_contiguous(), "parameters must be contiguous");
     if (t.scalar_type() == torch::kFloat32)
@@ -65,8 +116,12 @@ void DataParallel::broadcastParameters() {
   for (auto& w : works) w->wait();
 }
 
+void DataParallel::clearGradients() {
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+}
+
 void DataParallel::armLastBackward() {
-  for (auto& s : slots_) s.filled = false;
+  for (auto& s : slots_) s.ready = false;
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.work.reset();
@@ -75,29 +130,34 @@ void DataParallel::armLastBackward() {
   armed_ = true;
 }
 
-void DataParallel::onGradient(size_t k, const torch::Tensor& grad) {
-  Slot& slot = slots_[k];
-  Bucket& bucket = buckets_[slot.bucket];
+void DataParallel::onReady(size_t k) {
   torch::NoGradGuard noGrad;
-  auto view = bucket.flat.narrow(0, slot.offset, params_[k].numel()).view_as(params_[k]);
-  // The hook sees this micro-batch's gradient; earlier micro-batches already accumulated in .grad.
-  const auto& accumulated = params_[k].grad();
-  if (accumulated.defined())
-    torch::add_out(view, accumulated, grad);
-  else
-    view.copy_(grad);
-  if (!slot.filled) {
-    slot.filled = true;
-    --bucket.pending;
+  Slot& slot = slots_[k];
+  if (slot.ready) return;
+  auto& grad = params_[k].mutable_grad();
+  HETRA_ENFORCE(grad.defined(), "parameter ", k, " is ready without a gradient");
+  const Bucket& bucket = buckets_[slot.bucket];
+  if (bucket.direct) {
+    if (!grad.is_contiguous()) grad = grad.contiguous();
+  } else {
+    bucket.flat.narrow(0, slot.offset, params_[k].numel()).view_as(params_[k]).copy_(grad);
   }
+  markReady(k);
+}
+
+void DataParallel::markReady(size_t k) {
+  Slot& slot = slots_[k];
+  slot.ready = true;
+  --buckets_[slot.bucket].pending;
   launchReady();
 }
 
 void DataParallel::launchReady() {
   while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
     Bucket& b = buckets_[nextLaunch_++];
-    b.work = comm_->allreduce(b.flat.data_ptr(), b.flat.data_ptr(), size_t(b.flat.numel()),
-                              DType::F32, comm::ReduceOp::Sum);
+    torch::Tensor data = b.direct ? params_[b.params.front()].mutable_grad() : b.flat;
+    b.work = comm_->allreduce(data.data_ptr(), data.data_ptr(), size_t(data.numel()), DType::F32,
+                              comm::ReduceOp::Sum);
   }
 }
 
@@ -109,18 +169,23 @@ double DataParallel::finish(int64_t globalBatch) {
   // contribute what they accumulated so far, or zeros.
   for (size_t k = 0; k < params_.size(); ++k) {
     Slot& slot = slots_[k];
-    if (slot.filled) continue;
-    Bucket& bucket = buckets_[slot.bucket];
-    auto view = bucket.flat.narrow(0, slot.offset, params_[k].numel());
-    const auto& accumulated = params_[k].grad();
-    if (accumulated.defined())
-      view.copy_(accumulated.reshape({-1}));
-    else
-      view.zero_();
-    slot.filled = true;
-    --bucket.pending;
+    if (slot.ready) continue;
+    auto& grad = params_[k].mutable_grad();
+    const Bucket& bucket = buckets_[slot.bucket];
+    if (bucket.direct) {
+      if (!grad.defined())
+        grad = torch::zeros_like(params_[k]);
+      else if (!grad.is_contiguous())
+        grad = grad.contiguous();
+    } else {
+      auto view = bucket.flat.narrow(0, slot.offset, params_[k].numel());
+      if (grad.defined())
+        view.copy_(grad.reshape({-1}));
+      else
+        view.zero_();
+    }
+    markReady(k);
   }
-  launchReady();
   HETRA_ENFORCE_EQ(nextLaunch_, buckets_.size(), "every bucket must be launched");
   const auto start = Clock::now();
   for (auto& b : buckets_) b.work->wait();
@@ -128,11 +193,15 @@ double DataParallel::finish(int64_t globalBatch) {
   const double scale = 1.0 / double(globalBatch);
   for (size_t k = 0; k < params_.size(); ++k) {
     const Slot& slot = slots_[k];
-    auto averaged =
-        buckets_[slot.bucket].flat.narrow(0, slot.offset, params_[k].numel()).view_as(params_[k]);
+    const Bucket& bucket = buckets_[slot.bucket];
     auto& grad = params_[k].mutable_grad();
-    if (!grad.defined()) grad = torch::empty_like(params_[k]);
-    torch::mul_out(grad, averaged, scale);
+    if (bucket.direct) {
+      if (scale != 1.0) grad.mul_(scale);
+    } else {
+      if (!grad.defined()) grad = torch::empty_like(params_[k]);
+      torch::mul_out(grad, bucket.flat.narrow(0, slot.offset, params_[k].numel()).view_as(grad),
+                     scale);
+    }
   }
   return waited;
 }

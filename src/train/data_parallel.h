@@ -1,15 +1,20 @@
 // DataParallel: keeps the model replicas of all ranks identical and turns each rank's summed
 // micro-batch gradients into the gradient of the mean loss over the global batch.
 //
-// Vocabulary: a *bucket* is a flat float32 buffer holding the gradients of consecutive parameters
-// (in reverse registration order, the order backward produces them); it is all-reduced as one
-// operation. Buckets are *launched* strictly in index order, so every rank issues the same sequence
-// of collectives whatever order its hooks fire in.
+// Vocabulary: a *bucket* is the unit of one allreduce. A *direct* bucket is one large parameter,
+// all-reduced in place in its own .grad (no copy); a *packed* bucket is a flat float32 buffer into
+// which the gradients of small parameters, taken in reverse registration order (the order backward
+// produces them), are copied. A parameter is *ready* when autograd has accumulated this step's last
+// gradient into its .grad (a post-hook on its gradient accumulator fires). Buckets are *launched*
+// strictly in index order (see the constructor), so every rank issues the same sequence of
+// collectives whatever order its hooks fire in.
 //
-// Use per step: run micro-batches 1..k-1 with plain backward (gradients accumulate locally, no
-// communication); call armLastBackward() before the last backward, so each bucket is all-reduced
-// while backward still runs; then finish(globalBatch). A rank with no samples in a step calls
-// finish() alone and contributes zeros.
+// Use per step: start with undefined (or zero) gradients; run micro-batches 1..k-1 with plain
+// backward (gradients accumulate locally, no communication); call armLastBackward() before the
+// last backward, so each bucket is all-reduced while backward still runs; then
+// finish(globalBatch). A rank with no samples in a step calls finish() alone and contributes zeros.
+// Gradients are best cleared by clearGradients() (undefined, so autograd adopts the first
+// micro-batch's gradient without a copy); zeroing them works too.
 #pragma once
 
 #include <torch/torch.h>
@@ -19,10 +24,16 @@
 
 #include "comm/communicator.h"
 
+namespace torch::autograd {
+struct Node;
+}
+
 namespace hetra::train {
 
 struct DataParallelOptions {
   size_t bucketBytes = 25u << 20;
+  // Parameters of at least this many bytes (or of at least bucketBytes) are direct buckets.
+  size_t directBytes = 256u << 10;
 };
 
 class DataParallel {
@@ -30,39 +41,50 @@ class DataParallel {
   DataParallel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<comm::Communicator> comm,
                DataParallelOptions options = {});
   ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
 
   // Makes every rank's parameters and buffers equal to rank 0's.
   void broadcastParameters();
 
-  // The next backward is the step's last: gradient hooks copy (accumulated + new) gradients into
-  // buckets and launch each bucket's allreduce as soon as it is full.
+  // The next backward is the step's last: as each parameter becomes ready its bucket fills, and
+  // each full bucket's allreduce is launched.
   void armLastBackward();
 
   // Waits for every bucket, then sets each parameter's gradient to (sum over all ranks) /
   // globalBatch. Returns the seconds spent waiting for communication after backward ended.
+  // finish(1), for a loss already divided by the global batch, leaves large gradients untouched.
   double finish(int64_t globalBatch);
+
+  // Makes every gradient undefined (what the optimizer's zero_grad does, without the memset).
+  void clearGradients();
 
   size_t bucketCount() const { return buckets_.size(); }
 
  private:
   struct Bucket {
     std::vector<size_t> params;  // indices into params_
-    torch::Tensor flat;          // float32, contiguous
-    size_t pending = 0;          // parameters still to be copied in this step
+    bool direct = false;
+    torch::Tensor flat;  // packed buckets: float32, contiguous
+    size_t pending = 0;  // parameters not ready yet in this step
     comm::WorkPtr work;
   };
   struct Slot {
     size_t bucket = 0;
-    int64_t offset = 0;  // elements into the bucket
-    bool filled = false;
+    int64_t offset = 0;  // elements into a packed bucket
+    bool ready = false;
   };
 
-  void onGradient(size_t param, const torch::Tensor& grad);
+  void onReady(size_t param);
+  void markReady(size_t param);
   void launchReady();
 
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<comm::Communicator> comm_;
   std::vector<torch::Tensor> params_;
+  // Held so that every backward reuses the accumulator nodes that carry our post-hooks.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hookKeys_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   size_t nextLaunch_ = 0;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -117,14 +118,31 @@ class Run {
         device_(config.devices.at(size_t(rank_))) {
     HETRA_ENFORCE_EQ(size_t(comm_->size()), config.devices.size(), "one rank per device");
     setComputeThreads(int(device_.threads));
-    trainData_ = makeDataset(dataSpec(), /*train=*/true);
-    testData_ = makeDataset(dataSpec(), /*train=*/false);
-    const ModelSpec spec = modelSpecOf(config);
-    HETRA_ENFORCE(
-        spec.sampleShape == trainData_->inputShape() && spec.classes == trainData_->classes(),
-        "dataset shape differs from the one the config implies");
-    model_ = makeModel(spec);
-    footprint_ = estimateFootprint(spec);
+    // A program's own data and model (TrainerOptions) replace the config's. A custom model's
+    // footprint stays unknown (zero), which rankCaps reads as no cap.
+    if (options.makeDataset) {
+      trainData_ = options.makeDataset(/*train=*/true);
+      testData_ = options.makeDataset(/*train=*/false);
+      HETRA_ENFORCE(trainData_ && testData_, "TrainerOptions::makeDataset returned no dataset");
+    } else {
+      trainData_ = makeDataset(dataSpec(), /*train=*/true);
+      testData_ = makeDataset(dataSpec(), /*train=*/false);
+    }
+    if (options.makeModel) {
+      model_ = options.makeModel();
+      HETRA_ENFORCE(model_, "TrainerOptions::makeModel returned no model");
+    } else {
+      ModelSpec spec = modelSpecOf(config);
+      if (options.makeDataset) {
+        spec.sampleShape = trainData_->inputShape();
+        spec.classes = trainData_->classes();
+      }
+      HETRA_ENFORCE(
+          spec.sampleShape == trainData_->inputShape() && spec.classes == trainData_->classes(),
+          "dataset shape differs from the one the config implies");
+      model_ = makeModel(spec);
+      footprint_ = estimateFootprint(spec);
+    }
     parallel_ = std::make_unique<DataParallel>(
         model_, comm_, DataParallelOptions{size_t(config.train.bucketMib * (1 << 20))});
     optimizer_ = makeOptimizer(model_->parameters(), optimSpec());
@@ -144,6 +162,15 @@ class Run {
     }
   }
 
+  // An all-gather still in flight (an exception left the loop) writes into pending_: let it end,
+  // successfully or with the group's latched error, before its buffers go.
+  ~Run() {
+    if (pending_ && pending_->work) try {
+        pending_->work->wait(Millis(60000));
+      } catch (const std::exception&) {
+      }
+  }
+
   TrainResult run() {
     TrainResult result;
     const auto start = Clock::now();
@@ -155,18 +182,19 @@ class Run {
     int64_t measuredSamples = 0;
     announce();
     for (int64_t step = startStep_; step < totalSteps_; ++step) {
-      const StepStats stats = trainStep(step);
+      const double seconds = trainStep(step);
       if (step - startStep_ >= warmup) {
-        measuredSeconds += stats.seconds;
+        measuredSeconds += seconds;
         measuredSamples += config_.train.globalBatch;
       }
-      result.lastLoss = stats.loss;
       const bool last = step + 1 == totalSteps_;
       if (config_.train.evalEvery > 0 && ((step + 1) % config_.train.evalEvery == 0) && !last)
         evaluate(step + 1, result);
       if (config_.train.checkpointEvery > 0 && (step + 1) % config_.train.checkpointEvery == 0)
         checkpoint(step + 1);
     }
+    drain();
+    result.lastLoss = lastStats_.loss;
     evaluate(totalSteps_, result);
     result.steps = totalSteps_;
     result.wallSeconds = secondsSince(start);
@@ -192,6 +220,14 @@ class Run {
     double seconds = 0;
     std::vector<std::vector<double>> ranks;  // all-gathered kStatFields per rank
     balance::Plan plan;
+  };
+  // A step's all-gather of timings in flight; its buffers live here until drain().
+  struct PendingGather {
+    int64_t step = 0;
+    double seconds = 0;
+    balance::Plan plan;
+    std::vector<double> report, all;
+    comm::WorkPtr work;
   };
 
   DataSpec dataSpec() const {
@@ -243,7 +279,8 @@ class Run {
     std::vector<balance::RankCaps> caps;
     for (const auto& device : config_.devices) {
       balance::RankCaps c;
-      if (device.memoryBytes > 0) c.maxMicroBatch = maxMicroBatch(footprint_, device.memoryBytes);
+      if (device.memoryBytes > 0 && footprint_.bytesPerSample > 0)  // > 0: footprint known
+        c.maxMicroBatch = maxMicroBatch(footprint_, device.memoryBytes);
       caps.push_back(c);
     }
     return caps;
@@ -261,12 +298,26 @@ class Run {
     if (sleep > 0) std::this_thread::sleep_for(std::chrono::duration<double>(sleep));
   }
 
-  StepStats trainStep(int64_t step) {
+  // CPU seconds of the compute phase so far, for the emulation: with one thread, LibTorch and BLAS
+  // run the whole phase on this thread, so its own clock leaves out the communicator's progress
+  // thread (gradient allreduces, polling), whose work is communication and must not be multiplied
+  // by the slowdown. With more threads the process clock is the best we have.
+  double computeCpuSeconds() const {
+    if (device_.threads > 1) return processCpuSeconds();
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  }
+
+  // Runs one step and returns its seconds. The step's timings are all-gathered in the background
+  // and reach the balancer at the end of the next step (or at the next drain()): waiting for them
+  // at once would add a synchronisation of all ranks, and with it every rank's optimizer step on
+  // the critical path, to every step.
+  double trainStep(int64_t step) {
     const auto stepStart = Clock::now();
-    StepStats stats;
-    stats.plan = balancer_->plan();
-    const auto& mine = stats.plan.ranks[size_t(rank_)];
-    const auto indices = sampler_->indices(step, batchesOf(stats.plan), rank_);
+    const balance::Plan plan = balancer_->plan();
+    const auto& mine = plan.ranks[size_t(rank_)];
+    const auto indices = sampler_->indices(step, batchesOf(plan), rank_);
     const auto sizes = microBatchSizes(mine.batch, mine.accumSteps);
     const double slowdown = slowdownAt(device_, step);
 
@@ -279,17 +330,22 @@ class Run {
                                       indices.begin() + long(offset + sizes[j]));
       offset += size_t(sizes[j]);
       const auto computeStart = Clock::now();
-      const double cpuStart = processCpuSeconds();
+      // Gathering the samples is the host's data loading: timed with the micro-batch, for the
+      // balancer, but not part of the device's forward+backward that the emulation slows down.
       Batch batch = trainData_->get(part);
+      const auto phaseStart = Clock::now();
+      const double cpuStart = computeCpuSeconds();
       auto logits = model_->forward(batch.inputs);
-      // Summed, not averaged: DataParallel divides the all-reduced sum by the global batch once.
+      // Summed over the micro-batch and divided by the global batch B, so the all-reduced sum is
+      // the gradient of the mean loss over the global batch, whatever the split: DataParallel then
+      // needs no pass over the gradients to divide them (finish(1) below).
       auto loss = torch::nn::functional::cross_entropy(
           logits, batch.targets,
           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
       if (j + 1 == sizes.size()) parallel_->armLastBackward();
-      loss.backward();
+      (loss * (1.0 / double(config_.train.globalBatch))).backward();
       lossSum += loss.item<double>();
-      emulateSlowdown(slowdown, computeStart, processCpuSeconds() - cpuStart);
+      emulateSlowdown(slowdown, phaseStart, computeCpuSeconds() - cpuStart);
       const double seconds = secondsSince(computeStart);
       computeSeconds += seconds;
       if (observations < kMaxObservations) {
@@ -298,37 +354,53 @@ class Run {
         ++observations;
       }
     }
-    const double commSeconds = parallel_->finish(config_.train.globalBatch);
+    const double commSeconds = parallel_->finish(1);
     if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
     applyLr(*optimizer_, schedule_->lrAt(step));
     optimizer_->step();
-    optimizer_->zero_grad();
+    parallel_->clearGradients();
 
     report[kLossSum] = lossSum;
     report[kSamples] = double(mine.batch);
     report[kComputeSeconds] = computeSeconds;
     report[kCommSeconds] = commSeconds;
     report[kObservations] = observations;
-    std::vector<double> all(kStatFields * size_t(comm_->size()));
-    comm_
-        ->allgather(report.data(), all.data(),
-                    std::vector<size_t>(size_t(comm_->size()), kStatFields), DType::F64)
-        ->wait();
+    drain();
+    auto& gather = pending_.emplace();
+    gather.step = step;
+    gather.plan = plan;
+    gather.report = std::move(report);
+    gather.all.resize(kStatFields * size_t(comm_->size()));
+    gather.work =
+        comm_->allgather(gather.report.data(), gather.all.data(),
+                         std::vector<size_t>(size_t(comm_->size()), kStatFields), DType::F64);
+    gather.seconds = secondsSince(stepStart);
+    return gather.seconds;
+  }
+
+  // Feeds the pending step's all-gathered timings to the balancer (identically on every rank) and
+  // reports the step.
+  void drain() {
+    if (!pending_) return;
+    pending_->work->wait();
+    PendingGather gather = std::move(*pending_);
+    pending_.reset();
+    StepStats stats;
+    stats.plan = std::move(gather.plan);
+    stats.seconds = gather.seconds;
     double globalLoss = 0;
     for (int r = 0; r < comm_->size(); ++r) {
-      std::vector<double> row(all.begin() + long(r * kStatFields),
-                              all.begin() + long((r + 1) * kStatFields));
+      std::vector<double> row(gather.all.begin() + long(r * kStatFields),
+                              gather.all.begin() + long((r + 1) * kStatFields));
       globalLoss += row[kLossSum];
       for (int o = 0; o < int(row[kObservations]); ++o)
         balancer_->observe(r, int64_t(row[kFixedFields + 2 * o]), row[kFixedFields + 2 * o + 1]);
       stats.ranks.push_back(std::move(row));
     }
-    const bool changed = balancer_->endStep(step);
+    const bool changed = balancer_->endStep(gather.step);
     stats.loss = globalLoss / double(config_.train.globalBatch);
-    stats.seconds = secondsSince(stepStart);
-    if (rank_ == 0) report0(step, stats, changed);
-    lastStats_ = stats;
-    return stats;
+    if (rank_ == 0) report0(gather.step, stats, changed);
+    lastStats_ = std::move(stats);
   }
 
   void report0(int64_t step, const StepStats& stats, bool changed) {
@@ -353,7 +425,8 @@ class Run {
                  {"samples_per_s", samplesPerSecond},
                  {"lr", schedule_->lrAt(step)},
                  {"plan_version", stats.plan.version},
-                 {"ranks", ranks}});
+                 {"ranks", ranks}},
+                /*step=*/true);
     if (changed) {
       const auto& next = balancer_->plan();
       HETRA_INFO("balance", next.summary());
@@ -407,6 +480,7 @@ class Run {
   // Each rank evaluates a contiguous part of the test set in proportion to its share of the batch,
   // so fast devices take more of it too; losses and hits are summed over ranks.
   void evaluate(int64_t step, TrainResult& result) {
+    drain();  // the split of the test set follows the plan, which must be the same on every rank
     torch::NoGradGuard noGrad;
     const auto& plan = balancer_->plan();
     const int64_t total = testData_->size();
@@ -451,6 +525,7 @@ class Run {
   // directory is complete before `latest` points at it: it is written under a temporary name and
   // renamed.
   void checkpoint(int64_t step) {
+    drain();                   // the saved balancer has seen every step before the checkpoint
     comm_->barrier()->wait();  // every rank has finished the step
     if (rank_ == 0) {
       const fs::path dir(config_.train.checkpointDir);
@@ -495,19 +570,24 @@ class Run {
     std::printf(
         "hetra run: %s on %s, %d devices, global batch %lld, %lld steps (%.2f epochs of %lld "
         "samples)\n",
-        config_.model.name.c_str(), config_.data.name.c_str(), comm_->size(),
-        (long long)config_.train.globalBatch, (long long)totalSteps_,
-        sampler_->epochsAfter(totalSteps_), (long long)trainData_->size());
+        options_.makeModel ? "a custom model" : config_.model.name.c_str(),
+        trainData_->name().c_str(), comm_->size(), (long long)config_.train.globalBatch,
+        (long long)totalSteps_, sampler_->epochsAfter(totalSteps_), (long long)trainData_->size());
     std::printf("model: %lld parameters; gradient buckets: %zu; transport: %s; balance: %s\n",
                 (long long)parameterCount(*model_), parallel_->bucketCount(),
                 comm_->transportName(), config_.balance.mode.c_str());
     std::fflush(stdout);
   }
 
-  void writeMetric(const json& record) {
+  // Step records reach the file at least once a second (a write per step would cost the fast rank
+  // a system call per step); every other record at once.
+  void writeMetric(const json& record, bool step = false) {
     if (!metrics_.is_open()) return;
     metrics_ << record.dump() << "\n";
-    metrics_.flush();
+    if (!step || Clock::now() - lastFlush_ >= std::chrono::seconds(1)) {
+      metrics_.flush();
+      lastFlush_ = Clock::now();
+    }
   }
 
   const RunConfig& config_;
@@ -526,7 +606,9 @@ class Run {
   int64_t totalSteps_ = 0;
   int64_t startStep_ = 0;
   std::ofstream metrics_;
+  Clock::time_point lastFlush_ = Clock::now();
   StepStats lastStats_;
+  std::optional<PendingGather> pending_;
 };
 
 }  // namespace
