@@ -19,6 +19,7 @@
 #include "comm/transport/shm_transport.h"
 #include "common/errors.h"
 #include "harness.h"
+#include "shm_testing.h"
 #include "store/store.h"
 
 namespace hetra::comm {
@@ -31,26 +32,6 @@ using test::runRanksCollect;
 // A small slot (pieces of 2 KiB) so that modest counts already take the multi-piece paths.
 constexpr size_t kSmallSlot = 8192;
 const std::vector<int> kWorldSizes = {1, 2, 3, 4, 5, 8};
-
-std::vector<std::string> ownSegments() {
-  std::vector<std::string> names;
-  const std::string prefix = str("hetra-", getpid(), "-");
-  if (DIR* dir = opendir("/dev/shm")) {
-    while (dirent* e = readdir(dir))
-      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.push_back(e->d_name);
-    closedir(dir);
-  }
-  return names;
-}
-
-// One store per group, so that repeated groups in one test do not read each other's keys.
-std::shared_ptr<store::Store> newGroupStore() {
-  static auto root = std::make_shared<store::MemoryStore>();
-  static int groups = 0;
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  return std::make_shared<store::PrefixStore>(str("group", groups++), root);
-}
 
 std::unique_ptr<Transport> connect(store::Store& store, int rank, int size, size_t slotBytes) {
   ShmOptions options;
@@ -281,7 +262,7 @@ void forEachWorld(size_t slotBytes,
                   const std::function<void(SharedArena&, uint64_t&, Checker&)>& body) {
   for (int n : kWorldSizes) {
     SCOPED_TRACE(str("world size ", n));
-    auto store = newGroupStore();
+    auto store = test::newGroupStore();
     runRanks(n, [&](int rank) {
       auto transport = connect(*store, rank, n, slotBytes);
       SharedArena* arena = transport->sharedArena();
@@ -296,7 +277,7 @@ void forEachWorld(size_t slotBytes,
       check.finish(rank);
     });
   }
-  EXPECT_TRUE(ownSegments().empty());
+  EXPECT_TRUE(test::shmSegmentsOfPid(getpid()).empty());
 }
 
 // 0, 1, odd, several small pieces (2 KiB) and many pieces.
@@ -333,7 +314,7 @@ TEST(SharedAlgorithms, BroadcastEveryRoot) {
 TEST(SharedAlgorithms, DefaultSlotLargeMessages) {
   // With the default slot (pieces of about 330 KiB), messages of a few pieces.
   for (int n : {2, 3, 4}) {
-    auto store = newGroupStore();
+    auto store = test::newGroupStore();
     runRanks(n, [&](int rank) {
       auto transport = connect(*store, rank, n, 0);
       SharedArena& arena = *transport->sharedArena();
@@ -352,7 +333,7 @@ TEST(SharedAlgorithms, DefaultSlotLargeMessages) {
 
 TEST(SharedAlgorithms, EmptyCallsAcceptNullBuffers) {
   for (int n : {1, 3}) {
-    auto store = newGroupStore();
+    auto store = test::newGroupStore();
     runRanks(n, [&](int rank) {
       auto transport = connect(*store, rank, n, kSmallSlot);
       SharedArena& arena = *transport->sharedArena();
@@ -380,7 +361,7 @@ TEST(SharedAlgorithms, EmptyCallsAcceptNullBuffers) {
 
 TEST(SharedAlgorithms, BarrierOrdersRanks) {
   for (int n : kWorldSizes) {
-    auto store = newGroupStore();
+    auto store = test::newGroupStore();
     std::atomic<int> arrived{0};
     runRanks(n, [&](int rank) {
       auto transport = connect(*store, rank, n, kSmallSlot);
@@ -402,7 +383,7 @@ TEST(SharedAlgorithms, BarrierOrdersRanks) {
 
 // Runs `call(rank, arena)` on n ranks and expects MismatchError on every rank, quickly.
 void expectMismatchEverywhere(int n, const std::function<void(int, SharedArena&)>& call) {
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   const auto start = Clock::now();
   auto errors = runRanksCollect(n, [&](int rank) {
     auto transport = connect(*store, rank, n, kSmallSlot);
@@ -419,7 +400,7 @@ void expectMismatchEverywhere(int n, const std::function<void(int, SharedArena&)
       ADD_FAILURE() << "rank " << rank << " threw " << e.what() << " instead of MismatchError";
     }
   }
-  EXPECT_TRUE(ownSegments().empty());
+  EXPECT_TRUE(test::shmSegmentsOfPid(getpid()).empty());
 }
 
 TEST(SharedAlgorithms, MismatchedCallsFailOnEveryRank) {
@@ -486,7 +467,7 @@ TEST(SharedAlgorithms, MismatchedCallsFailOnEveryRank) {
 }
 
 TEST(SharedAlgorithms, MissingRankTimesOut) {
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   const auto start = Clock::now();
   auto errors = runRanksCollect(2, [&](int rank) {
     auto transport = connect(*store, rank, 2, kSmallSlot);
@@ -514,7 +495,7 @@ TEST(SharedAlgorithms, MissingRankTimesOut) {
 
 TEST(SharedAlgorithms, AbortWakesEveryRank) {
   const int n = 4;
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   const auto start = Clock::now();
   auto errors = runRanksCollect(n, [&](int rank) {
     auto transport = connect(*store, rank, n, kSmallSlot);

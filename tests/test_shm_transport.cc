@@ -20,6 +20,7 @@
 #include "comm/transport/shm_transport.h"
 #include "common/errors.h"
 #include "harness.h"
+#include "shm_testing.h"
 #include "store/store.h"
 
 namespace hetra::comm {
@@ -27,25 +28,6 @@ namespace {
 
 using test::runRanks;
 using test::runRanksCollect;
-
-std::vector<std::string> segmentsOfPid(int pid) {
-  std::vector<std::string> names;
-  const std::string prefix = str("hetra-", pid, "-");
-  if (DIR* dir = opendir("/dev/shm")) {
-    while (dirent* e = readdir(dir))
-      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.push_back(e->d_name);
-    closedir(dir);
-  }
-  return names;
-}
-
-std::shared_ptr<store::Store> newGroupStore() {
-  static auto root = std::make_shared<store::MemoryStore>();
-  static int groups = 0;
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  return std::make_shared<store::PrefixStore>(str("group", groups++), root);
-}
 
 // A small ring (4 KiB) so that modest messages already wrap around it many times.
 std::unique_ptr<Transport> connect(store::Store& store, int rank, int size,
@@ -81,7 +63,7 @@ void expectMessage(const std::vector<uint8_t>& got, int src, int dst, uint64_t t
 }
 
 TEST(ShmTransport, PointToPointSizes) {
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   runRanks(2, [&](int rank) {
     auto t = connect(*store, rank, 2);
     EXPECT_STREQ(t->name(), "shm");
@@ -104,7 +86,7 @@ TEST(ShmTransport, PointToPointSizes) {
     }
     EXPECT_EQ(rank == 0 ? t->bytesSent() : t->bytesReceived(), expectedBytes);
   });
-  EXPECT_TRUE(segmentsOfPid(getpid()).empty());
+  EXPECT_TRUE(test::shmSegmentsOfPid(getpid()).empty());
 }
 
 TEST(ShmTransport, RingExchangeLargerThanThePairRing) {
@@ -112,7 +94,7 @@ TEST(ShmTransport, RingExchangeLargerThanThePairRing) {
   // progress engine that also drains the incoming ring this deadlocks as soon as messages exceed
   // the ring.
   for (int n : {2, 3, 5, 8}) {
-    auto store = newGroupStore();
+    auto store = test::newGroupStore();
     runRanks(n, [&](int rank) {
       auto t = connect(*store, rank, n);
       const int right = (rank + 1) % n, left = (rank + n - 1) % n;
@@ -133,7 +115,7 @@ TEST(ShmTransport, RingExchangeLargerThanThePairRing) {
 }
 
 TEST(ShmTransport, TagsMatchOutOfOrderAndKeepTheirOrder) {
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   runRanks(2, [&](int rank) {
     auto t = connect(*store, rank, 2);
     if (rank == 0) {
@@ -161,7 +143,7 @@ TEST(ShmTransport, TagsMatchOutOfOrderAndKeepTheirOrder) {
 }
 
 TEST(ShmTransport, ReceiveOfTheWrongSizeFails) {
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   runRanks(2, [&](int rank) {
     auto t = connect(*store, rank, 2);
     std::vector<uint8_t> data(100, 1);
@@ -177,7 +159,7 @@ TEST(ShmTransport, ReceiveOfTheWrongSizeFails) {
 }
 
 TEST(ShmTransport, ReceiveTimesOutNamingThePeer) {
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   auto errors = runRanksCollect(2, [&](int rank) {
     auto t = connect(*store, rank, 2);
     if (rank == 1) {
@@ -197,7 +179,7 @@ TEST(ShmTransport, ReceiveTimesOutNamingThePeer) {
 
 TEST(ShmTransport, AbortWakesReceiversAndCollectives) {
   const int n = 3;
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   const auto start = Clock::now();
   auto errors = runRanksCollect(n, [&](int rank) {
     auto t = connect(*store, rank, n);
@@ -234,20 +216,20 @@ TEST(ShmTransport, SetupTimesOut) {
   ShmOptions options;
   options.timeout = Millis(200);
   // Rank 0 never publishes a segment: the store wait expires.
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   EXPECT_THROW(createShmTransport(*store, 1, 2, options), TimeoutError);
   // Rank 1 never maps the segment: rank 0 gives up, naming it, and removes the segment.
   try {
-    createShmTransport(*newGroupStore(), 0, 3, options);
+    createShmTransport(*test::newGroupStore(), 0, 3, options);
     ADD_FAILURE() << "setup without peers succeeded";
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("ranks 1, 2"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(segmentsOfPid(getpid()).empty());
+  EXPECT_TRUE(test::shmSegmentsOfPid(getpid()).empty());
 }
 
 TEST(ShmTransport, SegmentIsPrivateAndUnlinkedOnceEveryRankMappedIt) {
-  auto store = newGroupStore();
+  auto store = test::newGroupStore();
   runRanks(3, [&](int rank) {
     auto t = connect(*store, rank, 3);
     BarrierArgs args;
@@ -255,18 +237,18 @@ TEST(ShmTransport, SegmentIsPrivateAndUnlinkedOnceEveryRankMappedIt) {
     barrierShared(*t->sharedArena(), args);
     // Every rank mapped it, so its name is gone already while the transports live, and so is the
     // store key that published it.
-    EXPECT_TRUE(segmentsOfPid(getpid()).empty());
+    EXPECT_TRUE(test::shmSegmentsOfPid(getpid()).empty());
     EXPECT_FALSE(store->check({"segment"}));
     barrierShared(*t->sharedArena(), args);
   });
   // Name and mode while it exists: observe the segment of a group that never completes.
   ShmOptions options;
   options.timeout = Millis(300);
-  auto lonely = newGroupStore();
+  auto lonely = test::newGroupStore();
   std::thread creator(
       [&] { EXPECT_THROW(createShmTransport(*lonely, 0, 2, options), TimeoutError); });
   std::this_thread::sleep_for(Millis(100));
-  auto names = segmentsOfPid(getpid());
+  auto names = test::shmSegmentsOfPid(getpid());
   ASSERT_EQ(names.size(), 1u);
   EXPECT_EQ("/" + names[0], lonely->getString("segment"));
   const std::string prefix = str("hetra-", getpid(), "-");
@@ -275,7 +257,7 @@ TEST(ShmTransport, SegmentIsPrivateAndUnlinkedOnceEveryRankMappedIt) {
   ASSERT_EQ(stat(str("/dev/shm/", names[0]).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   creator.join();
-  EXPECT_TRUE(segmentsOfPid(getpid()).empty());
+  EXPECT_TRUE(test::shmSegmentsOfPid(getpid()).empty());
 }
 
 TEST(ShmTransport, StaleSegmentsOfDeadJobsAreRemoved) {
@@ -288,10 +270,10 @@ TEST(ShmTransport, StaleSegmentsOfDeadJobsAreRemoved) {
   const int fd = shm_open(stale.c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(fd, 0);
   close(fd);
-  ASSERT_EQ(segmentsOfPid(child).size(), 1u);
-  auto store = newGroupStore();
+  ASSERT_EQ(test::shmSegmentsOfPid(child).size(), 1u);
+  auto store = test::newGroupStore();
   runRanks(2, [&](int rank) { connect(*store, rank, 2); });
-  EXPECT_TRUE(segmentsOfPid(child).empty()) << "stale segment " << stale << " survived";
+  EXPECT_TRUE(test::shmSegmentsOfPid(child).empty()) << "stale segment " << stale << " survived";
   shm_unlink(stale.c_str());
 }
 
@@ -355,7 +337,7 @@ TEST(ShmTransport, KilledPeerProcessIsReported) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status));
   EXPECT_GT(rounds, 0);
-  EXPECT_TRUE(segmentsOfPid(getpid()).empty());
+  EXPECT_TRUE(test::shmSegmentsOfPid(getpid()).empty());
 }
 
 // A receive from a child process that is killed before it sends: PeerAbortedError, not a timeout.
