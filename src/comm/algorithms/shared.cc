@@ -134,6 +134,25 @@ void checkCounts(const SharedArena& arena, const std::vector<size_t>& counts, co
                           arena.size(), " ranks"));
 }
 
+// The piece pipeline of reduce-scatter, allgather and broadcast: copy piece 0 in and post; then,
+// for each piece p, wait until the ranks that matter posted C_p = base + 1 + p, copy piece p + 1 in
+// (the next buffer) and post, and consume piece p while the peers copy theirs.
+template <typename Wait, typename CopyIn, typename Consume>
+void runPiecePipeline(SharedArena& arena, size_t pieces, Wait wait, CopyIn copyIn,
+                      Consume consume) {
+  const uint64_t base = arena.step();
+  copyIn(0);
+  arena.post();
+  for (size_t p = 0; p < pieces; ++p) {
+    wait(base + 1 + p);
+    if (p + 1 < pieces) {
+      copyIn(p + 1);
+      arena.post();
+    }
+    consume(p);
+  }
+}
+
 }  // namespace
 
 void allreduceShared(SharedArena& arena, const AllreduceArgs& args) {
@@ -267,25 +286,21 @@ void reduceScatterShared(SharedArena& arena, const ReduceScatterArgs& args) {
       arena.account(len * es, 0);
     }
   };
-  const uint64_t base = arena.step();  // C_p = base + 1 + p
-  copyIn(0);
-  arena.post();
-  for (size_t p = 0; p < pieces; ++p) {
-    arena.waitAll(base + 1 + p, args.deadline, "peers copying a piece in");
-    if (p + 1 < pieces) {
-      copyIn(p + 1);
-      arena.post();
-    }
-    const size_t len = pieceLength(myCount, p, perPiece);
-    if (len == 0) continue;
-    // The own block first: `out` may be `in` at this rank's block (in place), which reduceMany
-    // allows for its first source.
-    srcs[0] = in + (offsets[me] + p * perPiece) * es;
-    for (int k = 0, i = 1; k < n; ++k)
-      if (k != me) srcs[i++] = layout.pieceBuffer(arena, k, p) + me * perPiece * es;
-    reduceMany(args.op, args.dtype, out + p * perPiece * es, srcs.data(), n, len);
-    arena.account(0, len * es * (n - 1));
-  }
+  runPiecePipeline(
+      arena, pieces,
+      [&](uint64_t counter) { arena.waitAll(counter, args.deadline, "peers copying a piece in"); },
+      copyIn,
+      [&](size_t p) {
+        const size_t len = pieceLength(myCount, p, perPiece);
+        if (len == 0) return;
+        // The own block first: `out` may be `in` at this rank's block (in place), which
+        // reduceMany allows for its first source.
+        srcs[0] = in + (offsets[me] + p * perPiece) * es;
+        for (int k = 0, i = 1; k < n; ++k)
+          if (k != me) srcs[i++] = layout.pieceBuffer(arena, k, p) + me * perPiece * es;
+        reduceMany(args.op, args.dtype, out + p * perPiece * es, srcs.data(), n, len);
+        arena.account(0, len * es * (n - 1));
+      });
 }
 
 void allgatherShared(SharedArena& arena, const AllgatherArgs& args) {
@@ -326,23 +341,19 @@ void allgatherShared(SharedArena& arena, const AllgatherArgs& args) {
     std::memcpy(layout.pieceBuffer(arena, me, p), myOut + p * perPiece * es, len * es);
     arena.account(len * es, 0);
   };
-  const uint64_t base = arena.step();  // C_p = base + 1 + p
-  copyIn(0);
-  arena.post();
-  for (size_t p = 0; p < pieces; ++p) {
-    arena.waitAll(base + 1 + p, args.deadline, "peers copying a piece in");
-    if (p + 1 < pieces) {
-      copyIn(p + 1);
-      arena.post();
-    }
-    for (int k = 0; k < n; ++k) {
-      const size_t len = pieceLength(args.counts[k], p, perPiece);
-      if (k == me || len == 0) continue;
-      std::memcpy(out + (offsets[k] + p * perPiece) * es, layout.pieceBuffer(arena, k, p),
-                  len * es);
-      arena.account(0, len * es);
-    }
-  }
+  runPiecePipeline(
+      arena, pieces,
+      [&](uint64_t counter) { arena.waitAll(counter, args.deadline, "peers copying a piece in"); },
+      copyIn,
+      [&](size_t p) {
+        for (int k = 0; k < n; ++k) {
+          const size_t len = pieceLength(args.counts[k], p, perPiece);
+          if (k == me || len == 0) continue;
+          std::memcpy(out + (offsets[k] + p * perPiece) * es, layout.pieceBuffer(arena, k, p),
+                      len * es);
+          arena.account(0, len * es);
+        }
+      });
 }
 
 void broadcastShared(SharedArena& arena, const BroadcastArgs& args) {
@@ -378,24 +389,21 @@ void broadcastShared(SharedArena& arena, const BroadcastArgs& args) {
     std::memcpy(layout.pieceBuffer(arena, me, p), buf + p * perPiece, len);
     arena.account(len, 0);
   };
-  const uint64_t base = arena.step();  // C_p = base + 1 + p
-  copyIn(0);
-  arena.post();
-  for (size_t p = 0; p < pieces; ++p) {
-    if (me == root)
-      arena.waitAll(base + 1 + p, args.deadline, "peers copying a piece out");
-    else
-      arena.waitFor(root, base + 1 + p, args.deadline, "the root copying a piece in");
-    if (p + 1 < pieces) {
-      copyIn(p + 1);
-      arena.post();
-    }
-    if (me != root) {
-      const size_t len = std::min(perPiece, bytes - p * perPiece);
-      std::memcpy(buf + p * perPiece, layout.pieceBuffer(arena, root, p), len);
-      arena.account(0, len);
-    }
-  }
+  runPiecePipeline(
+      arena, pieces,
+      [&](uint64_t counter) {
+        if (me == root)
+          arena.waitAll(counter, args.deadline, "peers copying a piece out");
+        else
+          arena.waitFor(root, counter, args.deadline, "the root copying a piece in");
+      },
+      copyIn,
+      [&](size_t p) {
+        if (me == root) return;
+        const size_t len = std::min(perPiece, bytes - p * perPiece);
+        std::memcpy(buf + p * perPiece, layout.pieceBuffer(arena, root, p), len);
+        arena.account(0, len);
+      });
 }
 
 void barrierShared(SharedArena& arena, const BarrierArgs& args) {
