@@ -265,9 +265,9 @@ class CommunicatorImpl : public Communicator,
     if (choice != "auto" && choice != "shm" && choice != "tcp")
       throw ConfigError(str("transport '", choice, "' is not allowed; allowed: auto, shm, tcp"));
     // Every rank publishes its host identity; the group is local when all are equal.
-    store_->setString(str("host/", rank_), hostIdentity());
-    bool oneHost = true;
     const std::string mine = hostIdentity();
+    store_->setString(str("host/", rank_), mine);
+    bool oneHost = true;
     for (int r = 0; r < size_; ++r)
       oneHost = oneHost && store_->getString(str("host/", r), options_.timeout) == mine;
     if (choice == "shm" && !oneHost)
