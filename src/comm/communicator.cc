@@ -11,11 +11,16 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/algorithms/compressed.h"
 #include "comm/algorithms/ring.h"
 #include "comm/algorithms/shared.h"
+#include "comm/hierarchy.h"
 #include "comm/transport/shm_transport.h"
 #include "comm/transport/tcp_transport.h"
 #include "comm/transport/transport.h"
+#ifdef HETRA_WITH_MPI
+#include "comm/transport/mpi_transport.h"
+#endif
 #include "common/errors.h"
 #include "common/logging.h"
 #include "common/params.h"
@@ -25,8 +30,8 @@ namespace {
 
 const Param kAlgo(
     "HETRA_ALGO", "auto",
-    "Collective algorithm: auto (shared memory when the transport has it, else ring), "
-    "ring, or shared.");
+    "Collective algorithm: auto (hierarchical across islands when the cost model says so; "
+    "shared memory when the transport has it, else ring), ring, shared, or hierarchical.");
 const Param kIfaceAddr("HETRA_IFACE_ADDR", "127.0.0.1",
                        "Address the tcp transport listens on (the interface other hosts reach).");
 
@@ -71,14 +76,19 @@ class CommunicatorImpl : public Communicator,
       : store_(std::move(store)), rank_(rank), size_(size), options_(options) {
     HETRA_ENFORCE(rank >= 0 && rank < size, "rank ", rank, " is outside a group of ", size);
     transport_ = connect();
-    const std::string algo = kAlgo.str();
-    if (algo != "auto" && algo != "ring" && algo != "shared")
-      throw ConfigError(str("HETRA_ALGO='", algo, "' is not allowed; allowed: auto, ring, shared"));
+    algo_ = options_.algorithm.empty() ? kAlgo.str() : options_.algorithm;
+    const std::string& algo = algo_;
+    if (algo != "auto" && algo != "ring" && algo != "shared" && algo != "hierarchical")
+      throw ConfigError(str("HETRA_ALGO='", algo,
+                            "' is not allowed; allowed: auto, ring, shared, hierarchical"));
     useShared_ = transport_->sharedArena() != nullptr && algo != "ring";
     if (algo == "shared" && !transport_->sharedArena())
       throw ConfigError(
           str("HETRA_ALGO=shared needs a transport with shared memory; this group uses ",
               transport_->name()));
+    if (algo == "auto" || algo == "hierarchical") hierarchy_ = buildHierarchy();
+    if (options_.compression != Compression::None && !hierarchy_)
+      codec_ = makeCodec(options_.compression, options_.compressionBlock);
     worker_ = std::thread([this] { workLoop(); });
   }
 
@@ -152,16 +162,17 @@ class CommunicatorImpl : public Communicator,
     args.count = count;
     args.dtype = dtype;
     args.op = op;
-    return enqueue([=] { return str("allreduce of ", count, " ", dtypeName(dtype)); },
-                   [this, args](Deadline d) mutable {
-                     args.deadline = d;
-                     args.seq = seq_++;
-                     if (useShared_)
-                       allreduceShared(*transport_->sharedArena(), args);
-                     else
-                       allreduceRing(*transport_, args);
-                     if (args.op == ReduceOp::Avg) divide(args.dtype, args.out, args.count, size_);
-                   });
+    return enqueueAllreduce(args);
+  }
+
+  WorkPtr allreduceWithFeedback(const float* in, float* out, size_t count,
+                                float* residual) override {
+    AllreduceArgs args;
+    args.in = in;
+    args.out = out;
+    args.count = count;
+    args.residual = residual;
+    return enqueueAllreduce(args);
   }
 
   WorkPtr reduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
@@ -178,7 +189,9 @@ class CommunicatorImpl : public Communicator,
         [this, args](Deadline d) mutable {
           args.deadline = d;
           args.seq = seq_++;
-          if (useShared_)
+          if (compresses(args.dtype, args.op, totalCount(args.counts)))
+            reduceScatterCompressed(*transport_, args, *codec_);
+          else if (useShared_)
             reduceScatterShared(*transport_->sharedArena(), args);
           else
             reduceScatterRing(*transport_, args);
@@ -198,7 +211,9 @@ class CommunicatorImpl : public Communicator,
                    [this, args](Deadline d) mutable {
                      args.deadline = d;
                      args.seq = seq_++;
-                     if (useShared_)
+                     if (compresses(args.dtype, ReduceOp::Sum, totalCount(args.counts)))
+                       allgatherCompressed(*transport_, args, *codec_);
+                     else if (useShared_)
                        allgatherShared(*transport_->sharedArena(), args);
                      else
                        allgatherRing(*transport_, args);
@@ -253,6 +268,20 @@ class CommunicatorImpl : public Communicator,
         [=, this](Deadline d) { transport_->irecv(src, kUserTagBase | tag, buf, bytes)->wait(d); });
   }
 
+  uint64_t bytesSent() const override {
+    return transport_->bytesSent() + (hierarchy_ ? hierarchy_->bytesSent() : 0);
+  }
+  uint64_t bytesReceived() const override {
+    return transport_->bytesReceived() + (hierarchy_ ? hierarchy_->bytesReceived() : 0);
+  }
+
+  const Codec* codecFor(DType dtype, ReduceOp op, size_t count) const override {
+    const bool applies = codec_ && dtype == DType::F32 &&
+                         (op == ReduceOp::Sum || op == ReduceOp::Avg) &&
+                         count * sizeof(float) >= options_.compressionMinBytes;
+    return applies ? codec_.get() : nullptr;
+  }
+
   void abort(const std::string& reason) override {
     latch(std::make_exception_ptr(
         PeerAbortedError(rank_, str("rank ", rank_, " aborted the group: ", reason))));
@@ -262,17 +291,33 @@ class CommunicatorImpl : public Communicator,
  private:
   std::unique_ptr<Transport> connect() {
     const std::string& choice = options_.transport;
-    if (choice != "auto" && choice != "shm" && choice != "tcp")
-      throw ConfigError(str("transport '", choice, "' is not allowed; allowed: auto, shm, tcp"));
+    if (choice != "auto" && choice != "shm" && choice != "tcp" && choice != "mpi")
+      throw ConfigError(
+          str("transport '", choice, "' is not allowed; allowed: auto, shm, tcp, mpi"));
+#ifndef HETRA_WITH_MPI
+    if (choice == "mpi")
+      throw ConfigError("transport 'mpi': this hetra was not built with MPI support "
+                        "(configure with -DHETRA_WITH_MPI=ON)");
+#endif
     // Every rank publishes its host identity; the group is local when all are equal.
     const std::string mine = hostIdentity();
     store_->setString(str("host/", rank_), mine);
     bool oneHost = true;
-    for (int r = 0; r < size_; ++r)
-      oneHost = oneHost && store_->getString(str("host/", r), options_.timeout) == mine;
+    for (int r = 0; r < size_; ++r) {
+      hosts_.push_back(store_->getString(str("host/", r), options_.timeout));
+      oneHost = oneHost && hosts_.back() == mine;
+    }
     if (choice == "shm" && !oneHost)
       throw ConfigError(
           "transport 'shm' needs every rank of the group on one host; this group spans hosts");
+#ifdef HETRA_WITH_MPI
+    if (choice == "mpi") {
+      MpiOptions mpi;
+      mpi.timeout = options_.timeout;
+      return createMpiTransport(std::make_shared<store::PrefixStore>("mpi", store_), rank_, size_,
+                                mpi);
+    }
+#endif
     const bool useShm = choice == "shm" || (choice == "auto" && oneHost);
     if (useShm) {
       store::PrefixStore shmStore("shm", store_);
@@ -285,6 +330,82 @@ class CommunicatorImpl : public Communicator,
     tcp.listenAddress = options_.listenAddress.empty() ? kIfaceAddr.str() : options_.listenAddress;
     return createTcpTransport(std::make_shared<store::PrefixStore>("tcp", store_), rank_, size_,
                               tcp);
+  }
+
+  WorkPtr enqueueAllreduce(AllreduceArgs args) {
+    const size_t count = args.count;
+    const DType dtype = args.dtype;
+    return enqueue([=] { return str("allreduce of ", count, " ", dtypeName(dtype)); },
+                   [this, args](Deadline d) mutable {
+                     args.deadline = d;
+                     args.seq = seq_++;
+                     if (hierarchical(args.count * dtypeSize(args.dtype))) {
+                       const ReduceOp requested = args.op;
+                       if (args.op == ReduceOp::Avg) args.op = ReduceOp::Sum;
+                       hierarchy_->allreduce(args);
+                       args.op = requested;
+                     } else if (compresses(args.dtype, args.op, args.count))
+                       allreduceCompressed(*transport_, args, *codec_);
+                     else if (useShared_)
+                       allreduceShared(*transport_->sharedArena(), args);
+                     else
+                       allreduceRing(*transport_, args);
+                     if (args.op == ReduceOp::Avg) divide(args.dtype, args.out, args.count, size_);
+                   });
+  }
+
+  // The group's islands: a hierarchy when there are several and one has more than one rank.
+  // Collective over the group (every rank builds the same one).
+  std::unique_ptr<Hierarchy> buildHierarchy() {
+    std::vector<int> islandOf(size_);
+    if (!options_.islands.empty()) {
+      if (int(options_.islands.size()) != size_)
+        throw ConfigError(str("islands: ", options_.islands.size(), " entries for a group of ",
+                              size_, " ranks; give one island per rank"));
+      // Renumber in order of each island's lowest rank.
+      std::vector<std::pair<int, int>> seen;  // (given id, number)
+      for (int r = 0; r < size_; ++r) {
+        auto it = std::find_if(seen.begin(), seen.end(),
+                               [&](const auto& p) { return p.first == options_.islands[r]; });
+        if (it == seen.end()) it = seen.insert(seen.end(), {options_.islands[r], int(seen.size())});
+        islandOf[r] = it->second;
+      }
+    } else {
+      store_->setString(str("vendor/", rank_), options_.vendor);
+      std::vector<std::string> keys;
+      for (int r = 0; r < size_; ++r) {
+        const std::string key =
+            hosts_[r] + "|" + store_->getString(str("vendor/", r), options_.timeout);
+        auto it = std::find(keys.begin(), keys.end(), key);
+        islandOf[r] = int(it - keys.begin());
+        if (it == keys.end()) keys.push_back(key);
+      }
+    }
+    const int islands = *std::max_element(islandOf.begin(), islandOf.end()) + 1;
+    const int largest = [&] {
+      std::vector<int> sizes(islands, 0);
+      for (int island : islandOf) ++sizes[island];
+      return *std::max_element(sizes.begin(), sizes.end());
+    }();
+    if (islands < 2 || largest < 2) return nullptr;  // nothing to gain: the flat ring is it
+    HETRA_INFO("comm", "hierarchy: ", islands, " islands (largest ", largest,
+                     " ranks), compression between them: ", compressionName(options_.compression));
+    GroupOptions inside = options_, across = options_;
+    inside.islands.clear();
+    across.islands.clear();
+    inside.algorithm = across.algorithm = "auto";
+    inside.compression = Compression::None;
+    return std::make_unique<Hierarchy>(*this, islandOf, inside, across);
+  }
+
+  bool hierarchical(size_t bytes) const {
+    if (!hierarchy_) return false;
+    return algo_ == "hierarchical" ||
+           hierarchy_->hierarchicalSeconds(bytes) < hierarchy_->flatSeconds(bytes);
+  }
+
+  bool compresses(DType dtype, ReduceOp op, size_t count) const {
+    return codecFor(dtype, op, count) != nullptr;
   }
 
   void checkCounts(const std::vector<size_t>& counts, const char* op) const {
@@ -370,7 +491,11 @@ class CommunicatorImpl : public Communicator,
   int size_;
   GroupOptions options_;
   std::unique_ptr<Transport> transport_;
+  std::vector<std::string> hosts_;  // host identity of every rank
+  std::string algo_;
   bool useShared_ = false;
+  std::unique_ptr<Hierarchy> hierarchy_;  // null for a group of one island
+  std::unique_ptr<Codec> codec_;  // null without compression
   uint64_t seq_ = 0;  // touched only by the progress thread
   int splits_ = 0;
 

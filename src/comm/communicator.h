@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/algorithms/args.h"
+#include "comm/codec/codec.h"
 #include "comm/reduce.h"
 #include "common/dtype.h"
 #include "common/timing.h"
@@ -30,6 +31,19 @@ struct GroupOptions {
   Millis timeout{30000};
   // Address the tcp transport listens on; "" uses HETRA_IFACE_ADDR or the loopback address.
   std::string listenAddress;
+  // Bytes on the wire of float32 sum/avg allreduce, reduce-scatter and allgather
+  // (algorithms/compressed.h): chosen per group, so a hierarchy can compress only its slow level.
+  Compression compression = Compression::None;
+  size_t compressionBlock = 256;  // FP8: elements per fp32 scale
+  // Smaller buffers stay float32: their cost is latency, not bytes.
+  size_t compressionMinBytes = 65536;
+  // Collective algorithm: "" follows HETRA_ALGO (auto, ring, shared, hierarchical).
+  std::string algorithm;
+  // Islands for the hierarchical allreduce (hierarchy.h): the island id of each rank, or empty to
+  // group ranks by host identity and vendor. With a hierarchy, `compression` applies only to the
+  // level between islands.
+  std::vector<int> islands;
+  std::string vendor = "cpu";  // cpu, nvidia, amd: ranks of one host but different vendors
 };
 
 class Work {
@@ -63,6 +77,12 @@ class Communicator {
 
   // out may equal in (in place).
   virtual WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op) = 0;
+  // A float32 sum allreduce with error feedback (algorithms/compressed.h): `residual` holds count
+  // floats of this rank's own state, zero at first, kept by the caller from call to call. Where
+  // the group does not compress this allreduce (codecFor is null), it is a plain allreduce and
+  // residual is left as it is.
+  virtual WorkPtr allreduceWithFeedback(const float* in, float* out, size_t count,
+                                        float* residual) = 0;
   // in holds sum(counts) elements; out receives counts[rank()] elements.
   virtual WorkPtr reduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
                                 DType dtype, ReduceOp op) = 0;
@@ -76,6 +96,16 @@ class Communicator {
   // before they receive wait on each other. Order the exchange (lower rank sends first).
   virtual WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint32_t tag = 0) = 0;
   virtual WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint32_t tag = 0) = 0;
+
+  // The codec an allreduce of `count` elements with this dtype and op puts on the wire, or nullptr
+  // when it travels uncompressed (GroupOptions::compression and its floor decide, alike on every
+  // rank). Error feedback uses it to know exactly what the wire will carry.
+  virtual const Codec* codecFor(DType dtype, ReduceOp op, size_t count) const = 0;
+
+  // Payload bytes this rank sent and received for this group since it was created (after
+  // compression), its hierarchy's island and cross groups included.
+  virtual uint64_t bytesSent() const = 0;
+  virtual uint64_t bytesReceived() const = 0;
 
   // Fails the group on every reachable rank (see Transport::abort).
   virtual void abort(const std::string& reason) = 0;

@@ -11,8 +11,9 @@ namespace hetra::comm {
 namespace {
 
 // ThreadSanitizer cannot run ifunc resolvers (they run before it initialises), so TSan builds use
-// the baseline loops.
-#if defined(__SANITIZE_THREAD__)
+// the baseline loops; so do clang builds before clang 16, which refuses target_clones on templates
+// (the fuzzing build).
+#if defined(__SANITIZE_THREAD__) || (defined(__clang__) && __clang_major__ < 16)
 #define HETRA_CLONES
 #else
 #define HETRA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))

@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include "comm/codec/codec.h"
 #include "common/errors.h"
 
 namespace hetra::comm {
@@ -87,7 +88,7 @@ OpHeader OpHeader::of(const BarrierArgs& a) {
 
 bool OpHeader::operator==(const OpHeader& o) const {
   return seq == o.seq && count == o.count && countsHash == o.countsHash && kind == o.kind &&
-         dtype == o.dtype && op == o.op && root == o.root;
+         dtype == o.dtype && op == o.op && codec == o.codec && root == o.root;
 }
 
 std::string OpHeader::describe() const {
@@ -97,6 +98,7 @@ std::string OpHeader::describe() const {
   if (OpKind(kind) == OpKind::Allreduce || OpKind(kind) == OpKind::ReduceScatter)
     text += str(" (", reduceOpName(ReduceOp(op)), ")");
   if (OpKind(kind) == OpKind::Broadcast) text += str(" from root ", root);
+  if (codec != 0) text += str(" compressed ", compressionName(Compression(codec)));
   if (countsHash != 0 && OpKind(kind) != OpKind::Allreduce)
     text += str(" counts#", countsHash % 100000);
   return text;

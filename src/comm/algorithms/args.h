@@ -26,6 +26,9 @@ struct AllreduceArgs {
   ReduceOp op = ReduceOp::Sum;
   uint64_t seq = 0;  // the group's operation number: every rank passes the same one
   Deadline deadline;
+  // Compressed float32 allreduce only: this rank's error feedback state, count elements, updated
+  // in place (see compressed.h); nullptr for none.
+  float* residual = nullptr;
 };
 
 // in: sum(counts) elements, laid out as the ranks' blocks in rank order; out: counts[rank]
@@ -73,7 +76,7 @@ struct OpHeader {
   uint8_t kind = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t pad = 0;
+  uint8_t codec = 0;  // Compression of the bytes on the wire (0: none)
   int32_t root = 0;
 
   static OpHeader of(const AllreduceArgs& a);

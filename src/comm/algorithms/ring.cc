@@ -25,79 +25,18 @@
 #include <memory>
 #include <vector>
 
+#include "comm/algorithms/p2p.h"
 #include "common/errors.h"
 #include "common/params.h"
 
 namespace hetra::comm {
 namespace {
 
-const Param kSegmentBytes(
-    "HETRA_RING_SEGMENT_BYTES", "1048576",
-    "Largest message of the ring collectives and the pipelined broadcast: blocks "
-    "are cut into segments of at most this many bytes.");
 const Param kSmallBytes(
     "HETRA_RING_SMALL_BYTES", "65536",
     "Allreduce of at most this many bytes (and at most 16 ranks) exchanges whole "
     "buffers directly in one round instead of going around the ring.");
 constexpr int kMaxDirectRanks = 16;
-
-// Tags: headers use fixed tags (independent of seq, so a rank that skipped an operation is caught
-// by the header check rather than waiting on a tag nobody sends); data tags are derived from seq.
-// User point-to-point tags start at 2^63; everything here stays below 2^62 + 256.
-constexpr uint64_t kHeaderTag = (uint64_t(1) << 62) | 1;  // with left and right
-constexpr uint64_t kHeaderAllTag =
-    (uint64_t(1) << 62) | 2;  // with every other rank (direct allreduce)
-enum Phase : uint64_t {
-  kReducePhase = 1,
-  kGatherPhase = 2,
-  kDirectPhase = 3,
-  kBroadcastPhase = 4,
-  kBarrierPhase = 16
-};
-
-uint64_t opTag(uint64_t seq, uint64_t phase) {
-  return ((seq & ((uint64_t(1) << 53) - 1)) << 8) | phase;
-}
-
-using RequestPtr = std::unique_ptr<Request>;
-
-int mod(int a, int n) {
-  return ((a % n) + n) % n;
-}
-
-size_t segmentBytes() {
-  const int64_t value = kSegmentBytes.integer();
-  if (value < 64)
-    throw ConfigError(
-        str(kSegmentBytes.env(), "=", value, " is not allowed; use at least 64 (bytes)"));
-  return size_t(value);
-}
-
-// A scratch area per thread, reused across calls so that large operations do not pay page faults
-// every time; above kKeepBytes it is released after the call.
-class Scratch {
- public:
-  explicit Scratch(size_t bytes) {
-    constexpr size_t kKeepBytes = size_t(64) << 20;
-    auto& cached = cache();
-    if (bytes <= kKeepBytes) {
-      if (cached.size() < bytes) cached.resize(bytes);
-      data_ = reinterpret_cast<uint8_t*>(cached.data());
-    } else {
-      own_.reset(new uint64_t[(bytes + 7) / 8]);  // not zeroed: every byte is received first
-      data_ = reinterpret_cast<uint8_t*>(own_.get());
-    }
-  }
-  uint8_t* data() const { return data_; }
-
- private:
-  static std::vector<uint8_t>& cache() {
-    static thread_local std::vector<uint8_t> buffer;
-    return buffer;
-  }
-  std::unique_ptr<uint64_t[]> own_;  // 8-byte aligned for every dtype
-  uint8_t* data_ = nullptr;
-};
 
 // Element ranges of n blocks, each cut into K segments.
 struct Layout {
@@ -131,50 +70,6 @@ struct Layout {
   // different sizes never overlap.
   size_t scratchElements() const { return segments * maxSegment; }
 };
-
-std::vector<size_t> evenSplit(size_t count, int n) {
-  std::vector<size_t> counts(n, count / n);
-  for (size_t b = 0; b < count % n; ++b) ++counts[b];
-  return counts;
-}
-
-void waitAll(std::vector<RequestPtr>& requests, Deadline deadline) {
-  for (auto& request : requests)
-    if (request) request->wait(deadline);
-}
-
-// Exchanges headers with left and right (and, when `allPeers`, with every other rank) and checks
-// them. On a mismatch the transport is aborted with the reason, so ranks still waiting for data
-// from this one fail now with a PeerAbortedError that names it, instead of at their deadline.
-void exchangeHeaders(Transport& transport, const OpHeader& mine, Deadline deadline, bool allPeers) {
-  const int n = transport.size(), r = transport.rank();
-  if (n == 1) return;
-  std::vector<int> peers{mod(r - 1, n)};
-  if (mod(r + 1, n) != peers[0]) peers.push_back(mod(r + 1, n));
-  const size_t neighbours = peers.size();
-  if (allPeers)
-    for (int p = 0; p < n; ++p)
-      if (p != r && std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
-
-  std::vector<OpHeader> theirs(peers.size());
-  std::vector<RequestPtr> recvs, sends;
-  for (size_t i = 0; i < peers.size(); ++i) {
-    const uint64_t tag = i < neighbours ? kHeaderTag : kHeaderAllTag;
-    recvs.push_back(transport.irecv(peers[i], tag, &theirs[i], sizeof(OpHeader)));
-  }
-  for (size_t i = 0; i < peers.size(); ++i) {
-    const uint64_t tag = i < neighbours ? kHeaderTag : kHeaderAllTag;
-    sends.push_back(transport.isend(peers[i], tag, &mine, sizeof(OpHeader)));
-  }
-  waitAll(recvs, deadline);
-  waitAll(sends, deadline);
-  try {
-    for (size_t i = 0; i < peers.size(); ++i) checkHeaders(mine, r, theirs[i], peers[i]);
-  } catch (const MismatchError& e) {
-    transport.abort(e.what());
-    throw;
-  }
-}
 
 ReduceOp reduceAs(ReduceOp op) {
   return op == ReduceOp::Avg ? ReduceOp::Sum : op;

@@ -1,0 +1,151 @@
+// The hierarchical allreduce against the exact result for every dtype and reduce op, for even and
+// uneven island layouts (islands given explicitly, as on one machine every rank shares a host),
+// with compression on the level between islands, and the cost model's choice.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "comm/hierarchy.h"
+#include "comm/transport/transport.h"
+#include "common/errors.h"
+#include "harness.h"
+
+namespace hetra::comm {
+namespace {
+
+using test::distinctValue;
+using test::runRanks;
+
+GroupOptions hierarchical(std::vector<int> islands) {
+  GroupOptions o;
+  o.timeout = Millis(20000);
+  o.algorithm = "hierarchical";
+  o.islands = std::move(islands);
+  return o;
+}
+
+double expected(ReduceOp op, DType dtype, int n, size_t i) {
+  double acc = distinctValue(0, i, true);
+  for (int r = 1; r < n; ++r) {
+    const double v = distinctValue(r, i, true);
+    acc = op == ReduceOp::Min ? std::min(acc, v) : op == ReduceOp::Max ? std::max(acc, v) : acc + v;
+  }
+  if (op == ReduceOp::Avg) acc = isFloating(dtype) ? acc / n : std::trunc(acc / n);
+  return acc;
+}
+
+class HierarchyLayouts : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(HierarchyLayouts, EqualsTheExactResultForEveryDtypeAndOp) {
+  const std::vector<int> islands = GetParam();
+  const int n = int(islands.size());
+  auto store = std::make_shared<store::MemoryStore>();
+  runRanks(n, [&](int r) {
+    auto comm = Communicator::create(store, r, n, hierarchical(islands));
+    for (DType dtype : {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max}) {
+        if (op == ReduceOp::Avg && !isFloating(dtype)) continue;
+        for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(70001)}) {
+          const size_t es = dtypeSize(dtype);
+          std::vector<uint8_t> in(std::max<size_t>(1, count) * es), out(in.size());
+          for (size_t i = 0; i < count; ++i)
+            storeElement(dtype, in.data(), i, distinctValue(r, i, true));
+          const uint64_t worldBytes = comm->transport().bytesSent();
+          comm->allreduce(in.data(), out.data(), count, dtype, op)->wait();
+          // Every byte went through the island and cross groups, none through the flat group.
+          ASSERT_EQ(comm->transport().bytesSent(), worldBytes);
+          for (size_t i = 0; i < count; ++i) {
+            const double want = expected(op, dtype, n, i);
+            const double got = loadElement(dtype, out.data(), i);
+            const double tolerance =
+                op == ReduceOp::Avg && (dtype == DType::F16 || dtype == DType::BF16) ? 0.01 : 1e-6;
+            ASSERT_NEAR(got, want, tolerance * std::max(1.0, std::fabs(want)))
+                << dtypeName(dtype) << " " << reduceOpName(op) << " count " << count << " element "
+                << i << " rank " << r;
+          }
+        }
+      }
+    }
+    // In place too.
+    std::vector<float> buffer(5003);
+    for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = float(distinctValue(r, i, true));
+    comm->allreduce(buffer.data(), buffer.data(), buffer.size(), DType::F32, ReduceOp::Sum)->wait();
+    for (size_t i = 0; i < buffer.size(); ++i)
+      ASSERT_EQ(buffer[i], float(expected(ReduceOp::Sum, DType::F32, n, i))) << i;
+  });
+}
+
+// Islands of 2+2, 3+2 (remainder), 1+3+1, 4+1 and three of sizes 2, 1, 2 in interleaved ranks.
+INSTANTIATE_TEST_SUITE_P(Islands, HierarchyLayouts,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1},
+                                           std::vector<int>{0, 0, 0, 1, 1},
+                                           std::vector<int>{0, 1, 1, 1, 2},
+                                           std::vector<int>{0, 0, 0, 0, 1},
+                                           std::vector<int>{5, 9, 5, 7, 9}));
+
+TEST(Hierarchy, CompressesOnlyTheLevelBetweenIslands) {
+  const std::vector<int> islands = {0, 0, 1, 1, 1};
+  const int n = 5;
+  const size_t count = 100003;
+  auto store = std::make_shared<store::MemoryStore>();
+  std::vector<std::vector<float>> results(n);
+  runRanks(n, [&](int r) {
+    GroupOptions options = hierarchical(islands);
+    options.compression = Compression::BF16;
+    options.compressionMinBytes = 0;
+    auto comm = Communicator::create(store, r, n, options);
+    // Flat operations of this group are not compressed: the codec sits on the cross level.
+    EXPECT_EQ(comm->codecFor(DType::F32, ReduceOp::Sum, count), nullptr);
+    std::vector<float> buffer(count);
+    for (size_t i = 0; i < count; ++i) buffer[i] = 1.0f + float(r) / 3.0f + float(i % 101) / 7.0f;
+    comm->allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum)->wait();
+    results[r] = buffer;
+  });
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int r = 0; r < n; ++r) exact += 1.0 + r / 3.0 + double(float(i % 101) / 7.0f);
+    worst = std::max(worst, std::fabs(results[0][i] - exact) / exact);
+  }
+  // bf16 rounds once per island sum and once per result: at most ~2 units of 2^-8, and not exact.
+  EXPECT_LE(worst, 3 * std::ldexp(1.0, -8));
+  EXPECT_GT(worst, 1e-6) << "the cross level was not compressed";
+  for (int r = 1; r < n; ++r)
+    ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * sizeof(float)))
+        << "rank " << r;
+}
+
+TEST(Hierarchy, CostModelPrefersItOverSlowLinksUnlessIslandsAreSlowToo) {
+  const int n = 4;
+  auto store = std::make_shared<store::MemoryStore>();
+  runRanks(n, [&](int r) {
+    GroupOptions flat;
+    flat.algorithm = "ring";
+    auto world = Communicator::create(store, r, n, flat);
+    GroupOptions inside = flat, across = flat;
+    across.compression = Compression::Fp8E4M3;
+    Hierarchy hierarchy(*world, {0, 0, 1, 1}, inside, across);
+    EXPECT_EQ(hierarchy.islands(), 2);
+    EXPECT_EQ(hierarchy.largestIsland(), 2);
+    const size_t bytes = size_t(64) << 20;
+    // Defaults: 5 GB/s inside, 1.25 GB/s across; fp8 sends about a quarter of the bytes.
+    EXPECT_LT(hierarchy.hierarchicalSeconds(bytes), 0.5 * hierarchy.flatSeconds(bytes));
+  });
+}
+
+TEST(LinkCost, ParsesUnitsAndRefusesNonsense) {
+  const LinkCost a = parseLinkCost("5us,5GB/s");
+  EXPECT_DOUBLE_EQ(a.latencySeconds, 5e-6);
+  EXPECT_DOUBLE_EQ(a.bytesPerSecond, 5e9);
+  const LinkCost b = parseLinkCost("0.1ms,1gbit");
+  EXPECT_DOUBLE_EQ(b.latencySeconds, 1e-4);
+  EXPECT_DOUBLE_EQ(b.bytesPerSecond, 125e6);
+  EXPECT_THROW(parseLinkCost("5us"), ConfigError);
+  EXPECT_THROW(parseLinkCost("5 parsecs,1gbit"), ConfigError);
+  EXPECT_THROW(parseLinkCost("5us,0gbit"), ConfigError);
+}
+
+}  // namespace
+}  // namespace hetra::comm
