@@ -5,9 +5,10 @@ set -euo pipefail
 
 build_packages=(
   cmake ninja-build g++ make pkg-config
-  libgloo-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
+  nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libssl-dev zlib1g-dev
   libtorch-dev libopenblas0-pthread dataset-fashion-mnist
+  iproute2
 )
 bench_packages=(libopenmpi-dev openmpi-bin python3 python3-torch)
 

@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "common/auth.h"
 #include "common/errors.h"
 #include "harness.h"
 #include "store/file_store.h"
@@ -70,13 +71,26 @@ struct TcpBackend {
   }
 };
 
+// The TCP store with a job secret: every connection authenticates first, nothing else changes.
+struct AuthTcpBackend {
+  auth::AuthOptions auth = [] {
+    auth::AuthOptions options;
+    options.secret = auth::JobSecret::fromHex(auth::generateJobSecret(), "test");
+    return options;
+  }();
+  TcpStoreServer server{"127.0.0.1", 0, auth};
+  std::shared_ptr<Store> client() {
+    return std::make_shared<TcpStore>("127.0.0.1", server.port(), kClientTimeout, auth);
+  }
+};
+
 template <typename Backend>
 class StoreTest : public ::testing::Test {
  protected:
   Backend backend;
 };
 
-using Backends = ::testing::Types<MemoryBackend, FileBackend, TcpBackend>;
+using Backends = ::testing::Types<MemoryBackend, FileBackend, TcpBackend, AuthTcpBackend>;
 TYPED_TEST_SUITE(StoreTest, Backends);
 
 TYPED_TEST(StoreTest, SetGetOverwriteAndBinaryValues) {

@@ -375,8 +375,8 @@ TEST(TcpTransport, KilledPeerMidCollectiveFailsTheOthersQuickly) {
   }
 }
 
-// A send that Gloo has queued on the socket (the receiver is stopped, its buffers are full) is not
-// woken by Gloo when the receiver dies; the transport's watchdog must notice the dead connection.
+// A send queued on the socket (the receiver is stopped, its buffers are full) must fail when the
+// receiver dies: the transport has to notice the dead connection, not wait for its deadline.
 TEST(TcpTransport, KilledReceiverFailsAQueuedSend) {
   char dirTemplate[] = "/tmp/hetra-tcp-test-XXXXXX";
   ASSERT_NE(mkdtemp(dirTemplate), nullptr);
@@ -415,6 +415,60 @@ TEST(TcpTransport, KilledReceiverFailsAQueuedSend) {
   killer.join();
   waitpid(child, nullptr, 0);
   std::filesystem::remove_all(dir);
+}
+
+// A receive of another size than the send is a MismatchError naming the sender and both sizes on
+// the receiving rank; the sender's group fails too instead of hanging.
+TEST(TcpTransport, SizeMismatchIsAnErrorNamingTheSender) {
+  auto ranks = connectGroup(2, memoryStore("mismatch"));
+  const auto start = Clock::now();
+  auto errors = runRanksCollect(2, [&](int r) {
+    uint8_t buf[40] = {};
+    if (r == 0) {
+      ranks[0]->isend(1, 4, buf, 40)->wait(soon());
+      ranks[0]->irecv(1, 5, buf, 8)->wait(soon());  // never sent: fails when rank 1 does
+    } else {
+      ranks[1]->irecv(0, 4, buf, 32)->wait(soon());
+    }
+  });
+  EXPECT_LT(secondsSince(start), 5.0);
+  ASSERT_TRUE(errors[0] && errors[1]);
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const MismatchError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+    EXPECT_NE(what.find("40 bytes"), std::string::npos) << what;
+    EXPECT_NE(what.find("32 bytes"), std::string::npos) << what;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "rank 1: " << e.what();
+  }
+  EXPECT_THROW(std::rethrow_exception(errors[0]), PeerAbortedError);
+}
+
+// Messages that arrive before their receive is posted are buffered, including one still arriving
+// when the receive is posted (the rest then goes straight into the posted buffer).
+TEST(TcpTransport, EarlyMessagesAreBufferedAndMatchedInOrder) {
+  auto ranks = connectGroup(2, memoryStore("early"));
+  const size_t sizes[] = {3, 0, 100000, (size_t(8) << 20) + 3};
+  runRanks(2, [&](int r) {
+    if (r == 0) {
+      std::vector<std::unique_ptr<Request>> sends;
+      std::vector<std::vector<uint8_t>> data;
+      for (size_t i = 0; i < 4; ++i) data.push_back(pattern(sizes[i], int(i) + 10));
+      for (size_t i = 0; i < 4; ++i)
+        sends.push_back(ranks[0]->isend(1, 9, data[i].data(), sizes[i]));
+      for (auto& s : sends) s->wait(soon());
+    } else {
+      std::this_thread::sleep_for(Millis(100));  // let the messages arrive unasked
+      for (size_t i = 0; i < 4; ++i) {
+        std::vector<uint8_t> got(sizes[i]);
+        ranks[1]->irecv(0, 9, got.data(), sizes[i])->wait(soon());
+        EXPECT_TRUE(got == pattern(sizes[i], int(i) + 10)) << "message " << i;
+      }
+    }
+  });
+  EXPECT_EQ(ranks[1]->bytesReceived(), sizes[0] + sizes[1] + sizes[2] + sizes[3]);
 }
 
 }  // namespace

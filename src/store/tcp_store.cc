@@ -36,6 +36,12 @@ constexpr size_t kReadChunk = 64u << 10;
 constexpr Millis kReplyGrace{1000};
 // Longer waits are clamped so deadlines never overflow.
 constexpr uint64_t kMaxWaitMs = uint64_t(30) * 24 * 3600 * 1000;
+// The context of the store's handshake proofs (a transport's proofs do not pass here).
+constexpr const char* kAuthContext = "hetra-store";
+// Connections still in their handshake: more are refused, so strangers cannot exhaust descriptors.
+constexpr size_t kMaxPendingHandshakes = 256;
+// A connection in its handshake is read this much at a time: a stranger's flood stays small.
+constexpr size_t kHandshakeReadBytes = 256;
 
 enum class Op : uint8_t { Set = 1, Get, Add, CompareSet, Wait, Check, Delete };
 enum class Status : uint8_t { Ok = 0, Timeout = 1, Failed = 2 };
@@ -182,6 +188,9 @@ struct TcpStoreServer::Impl {
     size_t outSent = 0;
     bool parked = false;  // a waiter of this connection is pending: later frames wait
     bool closed = false;
+    // Set until the peer proved the job secret; no request is served before.
+    std::unique_ptr<auth::Handshake> handshake;
+    Deadline handshakeDeadline{};
   };
   struct Waiter {
     uint64_t conn;
@@ -192,6 +201,8 @@ struct TcpStoreServer::Impl {
 
   std::string host;
   int port = 0;
+  auth::JobSecret secret;
+  Millis handshakeTimeout{};
   int listenFd = -1;
   int wakeRead = -1;
   int wakeWrite = -1;
@@ -209,6 +220,10 @@ struct TcpStoreServer::Impl {
   void loop();
   void acceptAll();
   void readFrom(Connection& c);
+  // Advances c's handshake with the bytes received; false when c is (now) closed or still in it.
+  bool authenticate(Connection& c);
+  void expireHandshakes();
+  size_t pendingHandshakes() const;
   void processFrames(uint64_t id, Connection& c);
   void handle(uint64_t id, Connection& c, Reader& r);
   void reply(Connection& c, Status status, const Bytes& body);
@@ -229,9 +244,11 @@ struct TcpStoreServer::Impl {
   }
 };
 
-TcpStoreServer::TcpStoreServer(const std::string& host, int port)
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, const auth::AuthOptions& auth)
     : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
+  impl_->secret = auth.resolve();
+  impl_->handshakeTimeout = auth.handshakeTimeout;
   const bool any = host.empty() || host == "*" || host == "0.0.0.0";
   addrinfo hints{};
   hints.ai_family = any ? AF_INET : AF_UNSPEC;
@@ -276,7 +293,9 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port)
   impl_->wakeRead = wake[0];
   impl_->wakeWrite = wake[1];
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
-  HETRA_INFO("store", "store server listening on ", host, ":", impl_->port);
+  HETRA_INFO(
+      "store", "store server listening on ", host, ":", impl_->port,
+      impl_->secret.empty() ? " (no authentication)" : " (clients must prove the job secret)");
 }
 
 TcpStoreServer::~TcpStoreServer() {
@@ -325,6 +344,11 @@ void TcpStoreServer::Impl::loop() {
       const int ms = pollMillis(w.deadline);
       timeoutMs = timeoutMs < 0 ? ms : std::min(timeoutMs, ms);
     }
+    for (const auto& [id, c] : conns) {
+      if (!c.handshake) continue;
+      const int ms = pollMillis(c.handshakeDeadline);
+      timeoutMs = timeoutMs < 0 ? ms : std::min(timeoutMs, ms);
+    }
     if (::poll(fds.data(), fds.size(), timeoutMs) < 0) {
       if (errno == EINTR) continue;
       throw IoError(str("poll: ", errnoText(errno)));
@@ -347,6 +371,7 @@ void TcpStoreServer::Impl::loop() {
     }
     settle({});
     expireWaiters();
+    expireHandshakes();
 
     for (auto it = conns.begin(); it != conns.end();) {
       if (!it->second.closed) {
@@ -377,8 +402,52 @@ void TcpStoreServer::Impl::acceptAll() {
     c.fd = fd;
     c.peer = peerName(reinterpret_cast<sockaddr*>(&addr), len);
     HETRA_DEBUG("store", "store server: connection from ", c.peer);
-    conns.emplace(nextConn++, std::move(c));
+    if (!secret.empty()) {
+      if (pendingHandshakes() >= kMaxPendingHandshakes) {
+        HETRA_WARN("store", "store server: refused connection from ", c.peer, ": ",
+                   kMaxPendingHandshakes, " connections are already authenticating");
+        ::close(fd);
+        continue;
+      }
+      c.handshake = std::make_unique<auth::Handshake>(secret, auth::Role::Server, kAuthContext);
+      c.handshakeDeadline = deadlineAfter(handshakeTimeout);
+      c.out = c.handshake->takeOutput();
+    }
+    Connection& added = conns.emplace(nextConn++, std::move(c)).first->second;
+    if (!added.out.empty()) flush(added);
   }
+}
+
+size_t TcpStoreServer::Impl::pendingHandshakes() const {
+  size_t count = 0;
+  for (const auto& [id, c] : conns) count += c.handshake && !c.closed;
+  return count;
+}
+
+bool TcpStoreServer::Impl::authenticate(Connection& c) {
+  if (!c.handshake) return !c.closed;
+  try {
+    const size_t used = c.handshake->feed(c.in.data(), c.in.size());
+    c.in.erase(c.in.begin(), c.in.begin() + ptrdiff_t(used));
+  } catch (const auth::AuthError& e) {
+    closeConnection(c, str("refused: the peer ", e.what()));
+    return false;
+  }
+  const auto output = c.handshake->takeOutput();
+  c.out.insert(c.out.end(), output.begin(), output.end());
+  flush(c);
+  if (c.closed || !c.handshake->done()) return false;
+  c.handshake.reset();
+  HETRA_DEBUG("store", "store server: ", c.peer, " proved the job secret");
+  return true;
+}
+
+void TcpStoreServer::Impl::expireHandshakes() {
+  const Deadline now = Clock::now();
+  for (auto& [id, c] : conns)
+    if (c.handshake && !c.closed && c.handshakeDeadline <= now)
+      closeConnection(c, str("refused: the peer did not authenticate within ",
+                             handshakeTimeout.count(), " ms (", c.in.size(), " bytes received)"));
 }
 
 void TcpStoreServer::Impl::readFrom(Connection& c) {
@@ -390,13 +459,19 @@ void TcpStoreServer::Impl::readFrom(Connection& c) {
       closeConnection(c, str("client sent over ", kMaxBuffered, " bytes ahead of its replies"));
       return;
     }
+    // Before the peer proved the secret, read only a little at a time (poll calls again).
+    const size_t chunk = c.handshake ? kHandshakeReadBytes : kReadChunk;
     const size_t old = c.in.size();
-    c.in.resize(old + kReadChunk);
-    const ssize_t n = ::recv(c.fd, c.in.data() + old, kReadChunk, 0);
+    c.in.resize(old + chunk);
+    const ssize_t n = ::recv(c.fd, c.in.data() + old, chunk, 0);
     c.in.resize(old + std::max<ssize_t>(n, 0));
+    if (n > 0 && c.handshake) return;
     if (n > 0) continue;
     if (n == 0) {
-      closeConnection(c, "");
+      closeConnection(c, c.handshake ? str("refused: the peer closed the connection during the "
+                                           "handshake after ",
+                                           c.in.size(), " bytes")
+                                     : "");
     } else if (errno == EINTR) {
       continue;
     } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -408,6 +483,7 @@ void TcpStoreServer::Impl::readFrom(Connection& c) {
 }
 
 void TcpStoreServer::Impl::processFrames(uint64_t id, Connection& c) {
+  if (!authenticate(c)) return;
   size_t pos = 0;
   // One request at a time per connection: a parked waiter or an unsent reply holds later frames
   // back (backpressure on clients that do not read their replies).
@@ -606,8 +682,12 @@ void TcpStoreServer::Impl::closeConnection(Connection& c, const std::string& why
 // ---------------------------------------------------------------------------------------------
 // Client
 
-TcpStore::TcpStore(std::string host, int port, Millis timeout)
-    : host_(std::move(host)), port_(port), timeout_(timeout) {
+TcpStore::TcpStore(std::string host, int port, Millis timeout, const auth::AuthOptions& auth)
+    : host_(std::move(host)),
+      port_(port),
+      timeout_(timeout),
+      secret_(auth.resolve()),
+      handshakeTimeout_(auth.handshakeTimeout) {
   std::lock_guard<std::mutex> lock(mutex_);
   connectUntil(deadlineAfter(timeout_));
 }
@@ -658,8 +738,19 @@ void TcpStore::connectUntil(Deadline deadline) {
       }
       if (err == 0) {
         setNoDelay(fd);
-        fd_ = fd;
         ::freeaddrinfo(res);
+        if (!secret_.empty()) {
+          // A refusal is final: retrying with the same secret would be refused again.
+          try {
+            auth::authenticate(fd, secret_, auth::Role::Client, kAuthContext,
+                               std::min(deadline, deadlineAfter(handshakeTimeout_)),
+                               str("store server ", address()));
+          } catch (...) {
+            ::close(fd);
+            throw;
+          }
+        }
+        fd_ = fd;
         return;
       }
       lastError = errnoText(err);
@@ -838,15 +929,16 @@ HostPort parseHostPort(const std::string& hostPort) {
 }
 
 std::shared_ptr<Store> connectStore(const std::string& hostPort, int rank, Millis timeout,
-                                    std::unique_ptr<TcpStoreServer>* serverOut) {
+                                    std::unique_ptr<TcpStoreServer>* serverOut,
+                                    const auth::AuthOptions& auth) {
   const HostPort address = parseHostPort(hostPort);
   if (rank < 0) throw ConfigError(str("connectStore: rank ", rank, " is negative"));
-  if (rank != 0) return std::make_shared<TcpStore>(address.host, address.port, timeout);
+  if (rank != 0) return std::make_shared<TcpStore>(address.host, address.port, timeout, auth);
 
-  auto server = std::make_unique<TcpStoreServer>(address.host, address.port);
+  auto server = std::make_unique<TcpStoreServer>(address.host, address.port, auth);
   const bool any = address.host == "*" || address.host == "0.0.0.0";
   auto client =
-      std::make_shared<TcpStore>(any ? "127.0.0.1" : address.host, server->port(), timeout);
+      std::make_shared<TcpStore>(any ? "127.0.0.1" : address.host, server->port(), timeout, auth);
   if (serverOut)
     *serverOut = std::move(server);
   else

@@ -13,6 +13,10 @@
 //   waiter  - a get/wait request parked on the server until its keys exist or its deadline passes.
 //             Parking never blocks the server's poll() loop, so one slow rank cannot stall the
 //             others.
+//   handshake - with a job secret (common/auth.h), every connection first proves it knows the
+//             secret; the server runs each handshake as a state of that connection, so a
+//             stranger that sends nothing stalls nobody and is dropped after its handshake
+//             timeout. A connection that fails it is logged (WARN, with its address) and closed.
 #pragma once
 
 #include <memory>
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "store/store.h"
 
 namespace hetra::store {
@@ -28,8 +33,9 @@ class TcpStoreServer {
  public:
   // Binds host:port and serves on a background thread until destroyed. Port 0 picks a free port
   // (see port()); host "", "*" or "0.0.0.0" binds every IPv4 interface. Throws IoError naming
-  // host:port when the address cannot be bound.
-  TcpStoreServer(const std::string& host, int port);
+  // host:port when the address cannot be bound. `auth` decides whether connections must prove
+  // the job secret (by default: when the environment names one).
+  TcpStoreServer(const std::string& host, int port, const auth::AuthOptions& auth = {});
   // Stops the thread and closes every connection: clients then get IoError.
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -51,8 +57,10 @@ class TcpStore : public Store {
  public:
   // Connects, retrying until `timeout` (the server may start later), else TimeoutError naming
   // host:port. `timeout` also bounds the calls that take none (set, add, compareSet, check,
-  // deleteKey).
-  TcpStore(std::string host, int port, Millis timeout = kDefaultTimeout);
+  // deleteKey). With a job secret (`auth`, by default the environment's), the connection is
+  // authenticated first; a server that refuses it gives auth::AuthError (not retried).
+  TcpStore(std::string host, int port, Millis timeout = kDefaultTimeout,
+           const auth::AuthOptions& auth = {});
   ~TcpStore() override;
 
   void set(const std::string& key, const Bytes& value) override;
@@ -81,6 +89,8 @@ class TcpStore : public Store {
   std::mutex mutex_;
   int fd_ = -1;
   std::string broken_;  // set once the server closed the connection: later calls fail fast
+  auth::JobSecret secret_;
+  Millis handshakeTimeout_;
 };
 
 struct HostPort {
@@ -96,7 +106,9 @@ HostPort parseHostPort(const std::string& hostPort);
 // retrying until `timeout` while rank 0 comes up. The server lives in *serverOut when given (the
 // caller must keep it alive until every rank is done with the store); with serverOut == nullptr the
 // returned client owns it. Rank 0 binding "0.0.0.0" or "*" connects its own client via 127.0.0.1.
+// `auth` applies to both the server and the clients.
 std::shared_ptr<Store> connectStore(const std::string& hostPort, int rank, Millis timeout,
-                                    std::unique_ptr<TcpStoreServer>* serverOut = nullptr);
+                                    std::unique_ptr<TcpStoreServer>* serverOut = nullptr,
+                                    const auth::AuthOptions& auth = {});
 
 }  // namespace hetra::store
