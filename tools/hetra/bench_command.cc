@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/codec/codec.h"
 #include "comm/communicator.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -77,7 +78,13 @@ double expectedReduction(const BenchOptions& o, int n, size_t i) {
   return acc;
 }
 
-bool matches(const BenchOptions& o, double got, double want) {
+bool matches(const BenchOptions& o, int n, double got, double want) {
+  const auto compression = comm::parseCompression(o.compression);
+  if (compression != comm::Compression::None) {
+    // compressed.h: u times (the ranks' absolute maxima plus the result's); inputs are <= 504.
+    const double scale = (o.op == comm::ReduceOp::Avg ? 1.0 / n : 1.0) * n * 504.0;
+    return std::fabs(got - want) <= comm::unitRoundoff(compression) * (scale + std::fabs(want));
+  }
   // Sums of our inputs are exact; only avg divides, and rounds in the dtype.
   if (o.op != comm::ReduceOp::Avg || !isFloating(o.dtype)) return got == want;
   const double tolerance = (o.dtype == DType::F16 || o.dtype == DType::BF16) ? 1e-2 : 1e-6;
@@ -138,20 +145,20 @@ class Bench {
       case Collective::Allreduce:
         for (size_t i = 0; i < count; ++i)
           wrong +=
-              !matches(o_, loadElement(o_.dtype, b.out.data(), i), expectedReduction(o_, n, i));
+              !matches(o_, n, loadElement(o_.dtype, b.out.data(), i), expectedReduction(o_, n, i));
         break;
       case Collective::ReduceScatter: {
         const size_t block = count / n;
         for (size_t i = 0; i < block; ++i)
-          wrong += !matches(o_, loadElement(o_.dtype, b.out.data(), i),
+          wrong += !matches(o_, n, loadElement(o_.dtype, b.out.data(), i),
                             expectedReduction(o_, n, rank * block + i));
         break;
       }
       case Collective::Allgather: {
         const size_t block = count / n;
         for (size_t i = 0; i < count; ++i)
-          wrong +=
-              loadElement(o_.dtype, b.out.data(), i) != inputValue(o_.dtype, int(i / block), i);
+          wrong += !matches(o_, 1, loadElement(o_.dtype, b.out.data(), i),
+                            inputValue(o_.dtype, int(i / block), i));
         break;
       }
       case Collective::Broadcast:
@@ -212,6 +219,9 @@ int runBenchRank(const BenchOptions& o) {
   comm::GroupOptions groupOptions;
   groupOptions.transport = o.transport;
   groupOptions.timeout = Millis(o.timeoutMs);
+  groupOptions.listenAddress = listenAddressFor(*context);
+  groupOptions.compression = comm::parseCompression(o.compression);
+  groupOptions.compressionMinBytes = 0;  // every size: the table shows where it pays
   auto comm = comm::Communicator::create(store, context->rank, context->worldSize, groupOptions);
   Bench bench(o, *comm);
   const bool leader = comm->rank() == 0;
@@ -219,9 +229,10 @@ int runBenchRank(const BenchOptions& o) {
 
   if (leader) {
     std::printf(
-        "# hetra bench %s: %d ranks, transport %s, dtype %s, op %s, warmup %d, iters %d\n#\n",
+        "# hetra bench %s: %d ranks, transport %s, dtype %s, op %s, compression %s, warmup %d, "
+        "iters %d\n#\n",
         o.collective.c_str(), n, comm->transportName(), dtypeName(o.dtype),
-        comm::reduceOpName(o.op), o.warmup, o.iters);
+        comm::reduceOpName(o.op), o.compression.c_str(), o.warmup, o.iters);
     std::printf("# %12s %12s %9s %11s %12s %12s %7s\n", "size(B)", "count", "type", "time(us)",
                 "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     std::fflush(stdout);
@@ -236,8 +247,11 @@ int runBenchRank(const BenchOptions& o) {
     Buffers buffers;
     bench.prepare(count, buffers);
 
-    // Check the first operation's result, then time warm-up and timed iterations.
+    // Check the first operation's result (and count the bytes it put on the wire), then time
+    // warm-up and timed iterations.
+    const uint64_t sentBefore = comm->bytesSent();
     bench.start(count, buffers)->wait();
+    const int64_t wireBytes = int64_t(comm->bytesSent() - sentBefore);
     int64_t wrong = o.check ? int64_t(bench.countWrong(count, buffers)) : -1;
     for (int i = 0; i < o.warmup; ++i) bench.start(count, buffers)->wait();
     std::vector<double> times(o.iters);
@@ -266,7 +280,8 @@ int runBenchRank(const BenchOptions& o) {
                       {"time_us", seconds * 1e6},
                       {"algbw_gbs", algbw},
                       {"busbw_gbs", busbw},
-                      {"wrong", wrong}});
+                      {"wrong", wrong},
+                      {"wire_bytes_rank0", wireBytes}});
     }
     if (o.factor <= 1) break;
   }

@@ -20,6 +20,9 @@ struct BenchOptions {
   DType dtype = DType::F32;
   comm::ReduceOp op = comm::ReduceOp::Sum;
   std::string transport = "auto";
+  // Codec of the bytes on the wire (comm/codec/codec.h names); float32 sum/avg only. Results are
+  // then checked against the codec's error bound instead of exactly.
+  std::string compression = "none";
   std::string jsonPath;
   int timeoutMs = 60000;
 };

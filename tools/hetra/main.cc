@@ -11,6 +11,7 @@
 #include "common/params.h"
 #include "device/probe.h"
 #include "launch.h"
+#include "launch_command.h"
 #ifdef HETRA_WITH_TORCH
 #include "run_command.h"
 #endif
@@ -41,8 +42,11 @@ void addBenchCommand(CLI::App& app, cli::BenchOptions& o, int& np, bool& noCheck
   bench->add_flag("--no-check", noCheck, "Same as -c 0");
   bench->add_option("--dtype,-d", dtype, "float32 float64 float16 bfloat16 int32 int64 uint8");
   bench->add_option("--op,-o", op, "sum avg min max");
-  bench->add_option("--transport", o.transport, "shm | tcp | auto")
-      ->check(CLI::IsMember({"auto", "shm", "tcp"}));
+  bench->add_option("--compression", o.compression,
+                    "Bytes on the wire: none | fp16 | bf16 | fp8-e4m3 | fp8-e5m2 (float32 sum/avg)")
+      ->capture_default_str();
+  bench->add_option("--transport", o.transport, "shm | tcp | mpi (under mpirun) | auto")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "mpi"}));
   bench->add_option("--json", o.jsonPath, "Write the rows as JSON to this file");
   bench->add_option("--timeout-ms", o.timeoutMs, "Deadline of each operation")
       ->check(CLI::Range(100, 3600000));
@@ -75,6 +79,7 @@ int main(int argc, char** argv) {
   auto* probe = app.add_subcommand("probe", "Show this host's CPU, memory and GPUs");
   probe->add_flag("--json", probeJson, "Print JSON");
   auto* params = app.add_subcommand("params", "List every HETRA_* parameter with its default");
+  auto* launch = cli::addLaunchCommand(app);
 #ifdef HETRA_WITH_TORCH
   cli::RunOptions run;
   auto* runCommand =
@@ -97,6 +102,7 @@ int main(int argc, char** argv) {
   try {
     if (probe->parsed()) return runProbe(probeJson);
     if (params->parsed()) return runParams();
+    if (launch->parsed()) return cli::runLaunchCommand(*launch);
 #ifdef HETRA_WITH_TORCH
     if (runCommand->parsed())
       return cli::runTraining(run, std::vector<std::string>(argv, argv + argc));
@@ -108,7 +114,9 @@ int main(int argc, char** argv) {
     if (noCheck) bench.check = false;
     if (bench.minBytes > bench.maxBytes)
       throw ConfigError(str("-b ", minSize, " is larger than -e ", maxSize));
-    if (cli::rankFromEnvironment()) return cli::runBenchRank(bench);
+    // --np means "start the ranks here", even inside another launcher's job (an salloc shell).
+    const auto context = cli::rankFromEnvironment();
+    if (context && (context->launcher == "hetra" || np == 0)) return cli::runBenchRank(bench);
     return cli::spawnLocalRanks(np > 0 ? np : 1, std::vector<std::string>(argv, argv + argc),
                                 cli::onePerCore(np > 0 ? np : 1));
   } catch (const ConfigError& e) {

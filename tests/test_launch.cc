@@ -1,0 +1,582 @@
+// The launcher: the rank environment of each launcher flavour (hetra, Open MPI, Slurm, PMI) and
+// its errors, `hetra launch`'s arguments and mpirun command line, local jobs run for real (exit
+// codes, a failed rank, a rank killed by a signal, SIGTERM passed on, no orphans when the launcher
+// is killed), and a real mpirun on this host when Open MPI is installed.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/errors.h"
+#include "launch.h"
+#include "launch_command.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace hetra;
+using namespace hetra::cli;
+using Steady = std::chrono::steady_clock;
+
+const std::string kHetra = HETRA_BINARY;
+
+// Clears every variable a launcher may set for the duration of a test and restores them after.
+class CleanEnvironment {
+ public:
+  CleanEnvironment() {
+    for (const char* name : kNames) {
+      if (const char* value = std::getenv(name)) saved_.emplace_back(name, value);
+      unsetenv(name);
+    }
+  }
+  ~CleanEnvironment() {
+    for (const char* name : kNames) unsetenv(name);
+    for (const auto& [name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
+  }
+  void set(const char* name, const std::string& value) { setenv(name, value.c_str(), 1); }
+
+ private:
+  static constexpr const char* kNames[] = {"HETRA_RANK",
+                                           "HETRA_WORLD_SIZE",
+                                           "HETRA_LOCAL_RANK",
+                                           "HETRA_STORE",
+                                           "HETRA_STORE_EXTERNAL",
+                                           "HETRA_JOB_ID",
+                                           "HETRA_MASTER_ADDR",
+                                           "HETRA_MASTER_PORT",
+                                           "MASTER_ADDR",
+                                           "MASTER_PORT",
+                                           "OMPI_COMM_WORLD_RANK",
+                                           "OMPI_COMM_WORLD_SIZE",
+                                           "OMPI_COMM_WORLD_LOCAL_RANK",
+                                           "SLURM_PROCID",
+                                           "SLURM_NTASKS",
+                                           "SLURM_LOCALID",
+                                           "PMI_RANK",
+                                           "PMI_SIZE",
+                                           "MPI_LOCALRANKID",
+                                           "PMI_LOCAL_RANK"};
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
+// The message of the ConfigError `fn` throws ("" when it throws none).
+template <typename Fn>
+std::string configError(Fn fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(RankEnvironment, NoLauncherMeansNoRank) {
+  CleanEnvironment env;
+  EXPECT_FALSE(rankFromEnvironment().has_value());
+}
+
+TEST(RankEnvironment, EachLauncherFlavour) {
+  {
+    CleanEnvironment env;
+    env.set("HETRA_RANK", "2");
+    env.set("HETRA_WORLD_SIZE", "5");
+    env.set("HETRA_LOCAL_RANK", "1");
+    env.set("HETRA_STORE", "10.0.0.7:4100");
+    env.set("HETRA_STORE_EXTERNAL", "1");
+    env.set("HETRA_JOB_ID", "j7");
+    const auto c = rankFromEnvironment();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->launcher, "hetra");
+    EXPECT_EQ(c->rank, 2);
+    EXPECT_EQ(c->worldSize, 5);
+    EXPECT_EQ(c->localRank, 1);
+    EXPECT_EQ(c->storeAddress, "10.0.0.7:4100");
+    EXPECT_TRUE(c->storeExternal);
+    EXPECT_EQ(c->jobId, "j7");
+  }
+  {
+    CleanEnvironment env;
+    env.set("OMPI_COMM_WORLD_RANK", "3");
+    env.set("OMPI_COMM_WORLD_SIZE", "7");
+    env.set("OMPI_COMM_WORLD_LOCAL_RANK", "1");
+    env.set("HETRA_STORE", "h0:4101");
+    const auto c = rankFromEnvironment();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->launcher, "openmpi");
+    EXPECT_EQ(c->rank, 3);
+    EXPECT_EQ(c->worldSize, 7);
+    EXPECT_EQ(c->localRank, 1);
+    EXPECT_EQ(c->storeAddress, "h0:4101");
+    EXPECT_FALSE(c->storeExternal);
+  }
+  {
+    CleanEnvironment env;
+    env.set("SLURM_PROCID", "4");
+    env.set("SLURM_NTASKS", "9");
+    env.set("SLURM_LOCALID", "2");
+    env.set("MASTER_ADDR", "10.1.2.3");
+    env.set("MASTER_PORT", "4242");
+    const auto c = rankFromEnvironment();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->launcher, "slurm");
+    EXPECT_EQ(c->rank, 4);
+    EXPECT_EQ(c->worldSize, 9);
+    EXPECT_EQ(c->localRank, 2);
+    EXPECT_EQ(c->storeAddress, "10.1.2.3:4242");
+  }
+  {
+    CleanEnvironment env;
+    env.set("PMI_RANK", "1");
+    env.set("PMI_SIZE", "3");
+    env.set("MPI_LOCALRANKID", "1");
+    env.set("HETRA_MASTER_ADDR", "node17");
+    env.set("MASTER_ADDR", "ignored");  // HETRA_MASTER_ADDR first
+    const auto c = rankFromEnvironment();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->launcher, "pmi");
+    EXPECT_EQ(c->rank, 1);
+    EXPECT_EQ(c->worldSize, 3);
+    EXPECT_EQ(c->localRank, 1);
+    EXPECT_EQ(c->storeAddress, "node17:29431");  // the documented default port
+  }
+  {
+    CleanEnvironment env;  // one rank needs no store
+    env.set("SLURM_PROCID", "0");
+    env.set("SLURM_NTASKS", "1");
+    const auto c = rankFromEnvironment();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->worldSize, 1);
+    EXPECT_EQ(c->localRank, 0);
+    EXPECT_EQ(c->storeAddress, "");
+  }
+}
+
+TEST(RankEnvironment, PrecedenceIsHetraThenOpenMpiThenSlurm) {
+  CleanEnvironment env;
+  env.set("HETRA_STORE", "s:1");
+  env.set("SLURM_PROCID", "5");
+  env.set("SLURM_NTASKS", "6");
+  env.set("OMPI_COMM_WORLD_RANK", "1");
+  env.set("OMPI_COMM_WORLD_SIZE", "4");
+  EXPECT_EQ(rankFromEnvironment()->launcher, "openmpi");
+  EXPECT_EQ(rankFromEnvironment()->rank, 1);
+  env.set("HETRA_RANK", "0");
+  env.set("HETRA_WORLD_SIZE", "3");
+  const auto c = rankFromEnvironment();
+  EXPECT_EQ(c->launcher, "hetra");
+  EXPECT_EQ(c->rank, 0);
+  EXPECT_EQ(c->worldSize, 3);
+}
+
+TEST(RankEnvironment, IncompleteOrInconsistentIsRefusedByName) {
+  struct Case {
+    std::vector<std::pair<const char*, const char*>> vars;
+    std::vector<std::string> mentions;
+  };
+  const std::vector<Case> cases = {
+      {{{"OMPI_COMM_WORLD_RANK", "1"}, {"HETRA_STORE", "s:1"}},
+       {"OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"}},
+      {{{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "6"}, {"HETRA_STORE", "s:1"}},
+       {"SLURM_PROCID=6 is not below SLURM_NTASKS=6"}},
+      {{{"HETRA_RANK", "1"},
+        {"HETRA_WORLD_SIZE", "3"},
+        {"HETRA_LOCAL_RANK", "3"},
+        {"HETRA_STORE", "s:1"}},
+       {"HETRA_LOCAL_RANK=3 is not below HETRA_WORLD_SIZE=3"}},
+      {{{"PMI_RANK", "one"}, {"PMI_SIZE", "2"}}, {"PMI_RANK='one' is not an integer"}},
+      {{{"PMI_RANK", "0"}, {"PMI_SIZE", "0"}}, {"PMI_SIZE=0"}},
+      {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
+       {"HETRA_STORE", "MASTER_ADDR"}},
+      {{{"HETRA_WORLD_SIZE", "2"}}, {"HETRA_WORLD_SIZE is set but HETRA_RANK is not"}},
+      {{{"SLURM_PROCID", "0"},
+        {"SLURM_NTASKS", "2"},
+        {"MASTER_ADDR", "h"},
+        {"MASTER_PORT", "70000"}},
+       {"MASTER_PORT=70000"}},
+      {{{"HETRA_RANK", "-1"}, {"HETRA_WORLD_SIZE", "2"}, {"HETRA_STORE", "s:1"}},
+       {"HETRA_RANK=-1 is out of range"}},
+  };
+  for (const auto& c : cases) {
+    CleanEnvironment env;
+    for (const auto& [name, value] : c.vars) env.set(name, value);
+    const std::string message = configError([] { rankFromEnvironment(); });
+    ASSERT_FALSE(message.empty()) << "accepted: " << c.vars[0].first;
+    for (const auto& part : c.mentions) EXPECT_TRUE(contains(message, part)) << message;
+  }
+}
+
+TEST(LaunchArguments, HostListsAndHostfiles) {
+  const auto hosts = parseHostList("a:2,b,node-3.example:13");
+  ASSERT_EQ(hosts.size(), 3u);
+  EXPECT_EQ(hosts[0].host, "a");
+  EXPECT_EQ(hosts[0].slots, 2);
+  EXPECT_EQ(hosts[1].host, "b");
+  EXPECT_EQ(hosts[1].slots, 1);
+  EXPECT_EQ(hosts[2].host, "node-3.example");
+  EXPECT_EQ(hosts[2].slots, 13);
+  for (const std::string bad : {"a:0", "a:x", "a,,b", ":2", ""})
+    EXPECT_FALSE(configError([&] { parseHostList(bad); }).empty()) << bad;
+
+  const auto file = parseHostfile(
+      "# the cluster\n\nh0 slots=3\nh1   slots=1 max_slots=4  # comment\n  h2\n", "hosts.txt");
+  ASSERT_EQ(file.size(), 3u);
+  EXPECT_EQ(file[0].host, "h0");
+  EXPECT_EQ(file[0].slots, 3);
+  EXPECT_EQ(file[1].slots, 1);
+  EXPECT_EQ(file[2].host, "h2");
+  EXPECT_EQ(file[2].slots, 1);
+  EXPECT_TRUE(contains(configError([] { parseHostfile("h0 slots=2\nh1 cpus=4\n", "f"); }),
+                       "f:2: 'cpus=4'"));
+  EXPECT_TRUE(contains(configError([] { parseHostfile("# nothing\n", "f"); }), "f names no host"));
+}
+
+TEST(LaunchArguments, MpirunSpellings) {
+  auto o = parseLaunchArguments({"-np", "3", "--", "prog", "-np", "9"});
+  EXPECT_EQ(o.np, 3);
+  EXPECT_TRUE(o.hosts.empty());
+  EXPECT_EQ(o.program, (std::vector<std::string>{"prog", "-np", "9"}));
+  o = parseLaunchArguments({"-n", "2", "sh", "-c", "x"});
+  EXPECT_EQ(o.np, 2);
+  EXPECT_EQ(o.program, (std::vector<std::string>{"sh", "-c", "x"}));
+  o = parseLaunchArguments(
+      {"-H", "a:2,b:3", "--mpi-arg=--allow-run-as-root", "--grace", "0.5", "--dry-run", "p"});
+  EXPECT_EQ(o.np, 5);  // the slots
+  EXPECT_EQ(o.hosts.size(), 2u);
+  EXPECT_TRUE(o.dryRun);
+  EXPECT_DOUBLE_EQ(o.graceS, 0.5);
+  EXPECT_EQ(o.mpiArgs, (std::vector<std::string>{"--allow-run-as-root"}));
+
+  const auto dir = fs::temp_directory_path() / ("hetra-launch-args-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "hosts") << "x slots=2\ny slots=2\n";
+  o = parseLaunchArguments({"--np=3", "--hostfile", (dir / "hosts").string(), "p"});
+  EXPECT_EQ(o.np, 3);
+  EXPECT_EQ(o.hosts.size(), 2u);
+  fs::remove_all(dir);
+
+  EXPECT_TRUE(contains(configError([] {
+                         parseLaunchArguments({"-np", "5", "-H", "a:2", "p"});
+                       }),
+                       "--oversubscribe"));
+  EXPECT_EQ(parseLaunchArguments({"-np", "5", "-H", "a:2", "--oversubscribe", "p"}).np, 5);
+  EXPECT_TRUE(contains(configError([] { parseLaunchArguments({"-np", "2"}); }), "no program"));
+  EXPECT_TRUE(contains(configError([] { parseLaunchArguments({"prog"}); }), "-np N is required"));
+  EXPECT_TRUE(contains(configError([] { parseLaunchArguments({"-np", "0", "p"}); }), "-np 0"));
+  EXPECT_TRUE(contains(configError([] { parseLaunchArguments({"--nope", "p"}); }), "'--nope'"));
+  EXPECT_TRUE(contains(configError([] { parseLaunchArguments({"-np"}); }), "-np needs a value"));
+}
+
+TEST(LaunchArguments, MpirunCommandLine) {
+  auto o = parseLaunchArguments({"-H", "a:2,b:1", "--mpi-arg", "--tag-output", "bench", "x y"});
+  const std::map<std::string, std::string> env = {{"HETRA_STORE", "10.0.0.1:77"},
+                                                  {"HETRA_JOB_ID", "j"}};
+  const std::vector<std::string> expected = {
+      "mpirun",      "-np",          "3",     "-H", "a:2,b:1",      "--map-by",
+      "slot",        "--bind-to",    "none",  "-x", "HETRA_JOB_ID", "-x",
+      "HETRA_STORE", "--tag-output", "bench", "x y"};
+  EXPECT_EQ(mpirunCommand(o, env), expected);
+  EXPECT_EQ(shellCommand(env, mpirunCommand(o, env)),
+            "HETRA_JOB_ID=j HETRA_STORE=10.0.0.1:77 mpirun -np 3 -H a:2,b:1 --map-by slot "
+            "--bind-to none -x HETRA_JOB_ID -x HETRA_STORE --tag-output bench 'x y'");
+  o = parseLaunchArguments({"-np", "4", "-H", "a:3", "--oversubscribe", "--map-by", "node",
+                            "--mpirun", "/opt/ompi/bin/mpirun", "--bind-to", "core", "p"});
+  const auto argv = mpirunCommand(o, {});
+  EXPECT_EQ(argv,
+            (std::vector<std::string>{"/opt/ompi/bin/mpirun", "-np", "4", "-H", "a:3", "--map-by",
+                                      "node", "--bind-to", "core", "--oversubscribe", "p"}));
+  EXPECT_EQ(shellCommand({{"A", "it's"}}, {"echo", ""}), "A='it'\\''s' echo ''");
+  EXPECT_EQ(routeAddressTo("127.0.0.1"), "127.0.0.1");
+}
+
+// ---- real processes ----
+
+fs::path tempDir(const std::string& name) {
+  fs::path dir =
+      fs::temp_directory_path() / ("hetra-launch-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string readText(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+double secondsSince(Steady::time_point start) {
+  return std::chrono::duration<double>(Steady::now() - start).count();
+}
+
+TEST(LocalJob, EveryRankGetsItsEnvironment) {
+  const auto dir = tempDir("env");
+  LocalJob job;
+  job.np = 5;
+  job.argv = {"sh", "-c",
+              "echo \"$HETRA_RANK $HETRA_WORLD_SIZE $HETRA_LOCAL_RANK $HETRA_STORE_EXTERNAL "
+              "$HETRA_STORE $HETRA_JOB_ID\" > " +
+                  dir.string() + "/$HETRA_RANK"};
+  job.environment["EXTRA_FOR_TEST"] = "x";
+  ASSERT_EQ(runLocalJob(job), 0);
+  std::set<std::string> stores;
+  for (int r = 0; r < 5; ++r) {
+    std::istringstream line(readText(dir / std::to_string(r)));
+    int rank = -1, size = -1, local = -1, external = -1;
+    std::string store, job;
+    line >> rank >> size >> local >> external >> store >> job;
+    EXPECT_EQ(rank, r);
+    EXPECT_EQ(size, 5);
+    EXPECT_EQ(local, r);
+    EXPECT_EQ(external, 1);
+    EXPECT_TRUE(store.rfind("127.0.0.1:", 0) == 0) << store;
+    EXPECT_TRUE(job.rfind("job-", 0) == 0) << job;
+    stores.insert(store + " " + job);
+  }
+  EXPECT_EQ(stores.size(), 1u);  // one store and job id for all
+  fs::remove_all(dir);
+}
+
+TEST(LocalJob, AFailedRankStopsTheOthersAndGivesItsCode) {
+  LocalJob job;
+  job.np = 3;
+  job.argv = {"sh", "-c", "if [ $HETRA_RANK = 1 ]; then exit 7; fi; exec sleep 30"};
+  job.failureGrace = Millis(300);
+  testing::internal::CaptureStderr();
+  const auto start = Steady::now();
+  const int code = runLocalJob(job);
+  const double took = secondsSince(start);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, 7);
+  EXPECT_LT(took, 10.0);  // the sleepers were killed, not waited for
+  EXPECT_TRUE(contains(err, "rank 1 (pid ")) << err;
+  EXPECT_TRUE(contains(err, "exited with status 7")) << err;
+  EXPECT_FALSE(contains(err, "rank 0 (pid")) << err;  // killed by the launcher: not a failure
+}
+
+TEST(LocalJob, ARankKilledByASignal) {
+  LocalJob job;
+  job.np = 2;
+  job.argv = {"sh", "-c", "if [ $HETRA_RANK = 1 ]; then kill -USR1 $$; fi; exec sleep 30"};
+  job.failureGrace = Millis(200);
+  testing::internal::CaptureStderr();
+  const int code = runLocalJob(job);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, 128 + SIGUSR1);
+  EXPECT_TRUE(contains(err, "rank 1 (pid ")) << err;
+  EXPECT_TRUE(contains(err, str("was killed by signal ", SIGUSR1))) << err;
+}
+
+TEST(LocalJob, AMissingProgramIsRefusedBeforeStarting) {
+  LocalJob job;
+  job.np = 2;
+  job.argv = {"no-such-program-hetra"};
+  EXPECT_TRUE(contains(configError([&] { runLocalJob(job); }), "'no-such-program-hetra'"));
+}
+
+struct Started {
+  pid_t pid = -1;
+  fs::path output;
+};
+
+// Starts `argv` with stdout and stderr to `output`.
+Started start(const std::vector<std::string>& argv, const fs::path& output) {
+  Started s;
+  s.output = output;
+  s.pid = fork();
+  if (s.pid == 0) {
+    std::freopen(output.c_str(), "w", stdout);
+    dup2(fileno(stdout), STDERR_FILENO);
+    std::vector<char*> args;
+    for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return s;
+}
+
+// Waits for `pid` at most `timeout`, then kills it. Returns its exit code (-1 when it had to be
+// killed).
+int waitFor(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = Steady::now() + timeout;
+  int status = 0;
+  while (Steady::now() < deadline) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return exitCodeOf(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto deadline = Steady::now() + timeout;
+  while (Steady::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+bool gone(pid_t pid) {  // no such process, or a zombie nobody reaped yet
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string pidText, comm, state;
+  if (!(stat >> pidText >> comm >> state)) return true;
+  return state == "Z" || state == "X";
+}
+
+TEST(LaunchCommand, RunsLocalRanksAndReportsAFailure) {
+  const auto dir = tempDir("cmd");
+  auto s = start({kHetra, "launch", "-np", "3", "--", "/bin/sh", "-c", "echo rank=$HETRA_RANK"},
+                 dir / "ok.txt");
+  EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(20)), 0);
+  const auto ok = readText(s.output);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(count(ok, "rank=" + std::to_string(r) + "\n"), 1u) << ok;
+
+  s = start({kHetra, "launch", "-np", "3", "--grace", "0.2", "sh", "-c",
+             "[ $HETRA_RANK = 2 ] && exit 3; exec sleep 30"},
+            dir / "fail.txt");
+  EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(20)), 3);
+  const auto fail = readText(s.output);
+  EXPECT_TRUE(contains(fail, "rank 2 (pid")) << fail;
+  EXPECT_TRUE(contains(fail, "exited with status 3")) << fail;
+
+  s = start({kHetra, "launch", "-np", "2", "--bad-option", "sh"}, dir / "bad.txt");
+  EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(20)), 2);
+  EXPECT_TRUE(contains(readText(s.output), "'--bad-option'"));
+  fs::remove_all(dir);
+}
+
+TEST(LaunchCommand, SigtermReachesEveryRank) {
+  const auto dir = tempDir("term");
+  const std::string script =
+      "trap 'echo term-$HETRA_RANK; exit 0' TERM; echo ready-$HETRA_RANK; "
+      "while :; do sleep 0.05; done";
+  auto s = start({kHetra, "launch", "-np", "3", "sh", "-c", script}, dir / "out.txt");
+  ASSERT_TRUE(
+      waitUntil([&] { return count(readText(s.output), "ready-") == 3; }, std::chrono::seconds(20)))
+      << readText(s.output);
+  kill(s.pid, SIGTERM);
+  EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(20)), 128 + SIGTERM);
+  const auto out = readText(s.output);
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(contains(out, "term-" + std::to_string(r))) << out;
+  fs::remove_all(dir);
+}
+
+TEST(LaunchCommand, NoOrphansWhenTheLauncherIsKilled) {
+  const auto dir = tempDir("orphans");
+  auto s = start({kHetra, "launch", "-np", "3", "sh", "-c",
+                  "echo $$ > " + dir.string() + "/pid-$HETRA_RANK; exec sleep 60"},
+                 dir / "out.txt");
+  std::vector<pid_t> ranks;
+  ASSERT_TRUE(waitUntil(
+      [&] {
+        ranks.clear();
+        for (int r = 0; r < 3; ++r) {
+          std::ifstream in(dir / ("pid-" + std::to_string(r)));
+          pid_t pid = 0;
+          if (in >> pid) ranks.push_back(pid);
+        }
+        return ranks.size() == 3;
+      },
+      std::chrono::seconds(20)));
+  for (pid_t pid : ranks) EXPECT_FALSE(gone(pid));
+  kill(s.pid, SIGKILL);
+  waitFor(s.pid, std::chrono::seconds(5));
+  EXPECT_TRUE(waitUntil(
+      [&] {
+        for (pid_t pid : ranks)
+          if (!gone(pid)) return false;
+        return true;
+      },
+      std::chrono::seconds(5)));
+  fs::remove_all(dir);
+}
+
+// Open MPI is in the bench packages (scripts/install-deps.sh bench); without it this test skips.
+bool haveMpirun() {
+  return std::system("mpirun --version >/dev/null 2>&1") == 0;
+}
+
+std::vector<std::string> mpirunOnThisHost(int np) {
+  std::vector<std::string> argv = {
+      kHetra, "launch", "-np", std::to_string(np), "-H", "localhost:" + std::to_string(np)};
+  if (geteuid() == 0) argv.push_back("--mpi-arg=--allow-run-as-root");
+  return argv;
+}
+
+TEST(LaunchCommand, MpirunOnThisHost) {
+  if (!haveMpirun()) GTEST_SKIP() << "mpirun is not installed (scripts/install-deps.sh bench)";
+  const auto dir = tempDir("mpirun");
+  auto argv = mpirunOnThisHost(3);
+  argv.insert(argv.end(), {"--dry-run", "prog"});
+  auto s = start(argv, dir / "dry.txt");
+  EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(20)), 0);
+  const auto dry = readText(s.output);
+  EXPECT_TRUE(contains(dry, "HETRA_STORE='127.0.0.1:<port>'")) << dry;
+  EXPECT_TRUE(contains(dry, "mpirun -np 3 -H localhost:3 --map-by slot")) << dry;
+
+  // Each rank sees its Open MPI rank and the store this launcher serves.
+  argv = mpirunOnThisHost(3);
+  argv.insert(argv.end(), {"sh", "-c",
+                           "echo ompi=$OMPI_COMM_WORLD_RANK/$OMPI_COMM_WORLD_SIZE "
+                           "local=$OMPI_COMM_WORLD_LOCAL_RANK store=$HETRA_STORE_EXTERNAL"});
+  s = start(argv, dir / "ranks.txt");
+  EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(60)), 0) << readText(s.output);
+  const auto ranks = readText(s.output);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(count(ranks, str("ompi=", r, "/3 local=", r, " store=1")), 1u) << ranks;
+
+  // hetra itself under mpirun: the ranks come from OMPI_COMM_WORLD_*, the store from -x.
+  argv = mpirunOnThisHost(3);
+  argv.insert(argv.end(), {kHetra, "bench", "allreduce", "--transport", "tcp", "-b", "8", "-e",
+                           "40K", "-f", "9", "-w", "1", "-n", "2", "-c", "1"});
+  s = start(argv, dir / "bench.txt");
+  EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(90)), 0) << readText(s.output);
+  const auto bench = readText(s.output);
+  EXPECT_TRUE(contains(bench, "3 ranks, transport tcp")) << bench;
+  EXPECT_TRUE(contains(bench, "Out of bounds values : 0 OK")) << bench;
+
+  // Plain mpirun, no hetra launcher: the store from MASTER_ADDR/MASTER_PORT, served by rank 0.
+  const std::string port = std::to_string(20000 + getpid() % 20000);
+  const std::string plain =
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " mpirun -np 3 --oversubscribe " +
+      (geteuid() == 0 ? "--allow-run-as-root " : "") + "-x MASTER_ADDR -x MASTER_PORT " + kHetra +
+      " bench allreduce --transport tcp -b 8 -e 8K -f 32 -w 1 -n 2 -c 1 > " +
+      (dir / "plain.txt").string() + " 2>&1";
+  EXPECT_EQ(std::system(("timeout 60 sh -c '" + plain + "'").c_str()), 0)
+      << readText(dir / "plain.txt");
+  EXPECT_TRUE(contains(readText(dir / "plain.txt"), "3 ranks, transport tcp"))
+      << readText(dir / "plain.txt");
+
+  // A failing rank's code comes back through mpirun.
+  argv = mpirunOnThisHost(2);
+  argv.insert(argv.end(), {"sh", "-c", "[ $OMPI_COMM_WORLD_RANK = 1 ] && exit 5; exit 0"});
+  s = start(argv, dir / "fail.txt");
+  const int code = waitFor(s.pid, std::chrono::seconds(60));
+  EXPECT_EQ(code, 5) << readText(s.output);  // Open MPI reports the first failed rank's code
+  fs::remove_all(dir);
+}
+
+}  // namespace

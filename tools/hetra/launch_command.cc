@@ -1,0 +1,279 @@
+#include "launch_command.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "common/errors.h"
+#include "launch.h"
+#include "store/tcp_store.h"
+
+namespace hetra::cli {
+namespace {
+
+const char* kUsage =
+    "Usage: hetra launch -np N [options] [--] PROGRAM ARGS...\n"
+    "  -np, -n, --np N        number of ranks (default with hosts: their slots)\n"
+    "  -H, --host LIST        hosts as host:slots,... (runs mpirun); none: local processes\n"
+    "  --hostfile FILE        hosts as Open MPI's hostfile: 'host slots=N' per line\n"
+    "  --dry-run              print the mpirun command instead of running it\n"
+    "  --mpirun PATH          the mpirun to run (default: mpirun in PATH)\n"
+    "  --mpi-arg ARG          pass ARG to mpirun (repeatable), e.g. --mpi-arg=--allow-run-as-root\n"
+    "  --map-by X, --bind-to X, --oversubscribe   as mpirun's (default: slot, none)\n"
+    "  --store-addr ADDR      the address ranks reach this launcher's store at\n"
+    "                         (default: this host's address on the route to the first host)\n"
+    "  --grace SECONDS        after a rank fails, the others get this long (default 5)\n";
+
+int parsePositive(const std::string& option, const std::string& text) {
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != 0 || value < 1 || value > 1 << 20)
+    throw ConfigError(str(option, " ", text, ": expected a whole number from 1 to 1048576"));
+  return int(value);
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(str("--hostfile ", path, ": cannot read it"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string shellQuote(const std::string& word) {
+  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                              "0123456789_-+=/:.,@%") == std::string::npos)
+    return word;
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+int totalSlots(const std::vector<HostSlots>& hosts) {
+  int total = 0;
+  for (const auto& h : hosts) total += h.slots;
+  return total;
+}
+
+}  // namespace
+
+std::vector<HostSlots> parseHostList(const std::string& list) {
+  std::vector<HostSlots> hosts;
+  size_t begin = 0;
+  while (begin <= list.size()) {
+    size_t end = list.find(',', begin);
+    if (end == std::string::npos) end = list.size();
+    const std::string item = list.substr(begin, end - begin);
+    begin = end + 1;
+    if (item.empty()) throw ConfigError(str("host list '", list, "' has an empty entry"));
+    HostSlots h;
+    const size_t colon = item.rfind(':');
+    h.host = item.substr(0, colon);
+    if (colon != std::string::npos)
+      h.slots = parsePositive("slots of " + h.host, item.substr(colon + 1));
+    if (h.host.empty()) throw ConfigError(str("host list '", list, "': '", item, "' has no host"));
+    hosts.push_back(h);
+  }
+  return hosts;
+}
+
+std::vector<HostSlots> parseHostfile(const std::string& text, const std::string& source) {
+  std::vector<HostSlots> hosts;
+  std::istringstream lines(text);
+  std::string line;
+  int number = 0;
+  while (std::getline(lines, line)) {
+    ++number;
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    HostSlots h;
+    if (!(words >> h.host)) continue;
+    std::string word;
+    while (words >> word) {
+      const size_t eq = word.find('=');
+      const std::string key = word.substr(0, eq);
+      if (eq == std::string::npos || (key != "slots" && key != "max_slots" && key != "max-slots"))
+        throw ConfigError(str(source, ":", number, ": '", word,
+                              "' is not slots=N or max_slots=N (Open MPI's hostfile format)"));
+      const int value = parsePositive(str(source, ":", number, ": ", key), word.substr(eq + 1));
+      if (key == "slots") h.slots = value;
+    }
+    hosts.push_back(h);
+  }
+  if (hosts.empty()) throw ConfigError(str(source, " names no host"));
+  return hosts;
+}
+
+LaunchOptions parseLaunchArguments(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  bool hostList = false, hostfile = false;
+  size_t i = 0;
+  auto value = [&](const std::string& option, const std::string& inlineValue,
+                   bool hasInline) -> std::string {
+    if (hasInline) return inlineValue;
+    if (i + 1 >= args.size()) throw ConfigError(str(option, " needs a value\n", kUsage));
+    return args[++i];
+  };
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.empty() || arg[0] != '-') break;
+    const size_t eq = arg.find('=');
+    const bool hasInline = arg.rfind("--", 0) == 0 && eq != std::string::npos;
+    const std::string option = hasInline ? arg.substr(0, eq) : arg;
+    const std::string inlineValue = hasInline ? arg.substr(eq + 1) : std::string();
+    if (option == "-np" || option == "-n" || option == "--np") {
+      o.np = parsePositive(option, value(option, inlineValue, hasInline));
+    } else if (option == "-H" || option == "--host") {
+      o.hosts = parseHostList(value(option, inlineValue, hasInline));
+      hostList = true;
+    } else if (option == "--hostfile") {
+      const std::string path = value(option, inlineValue, hasInline);
+      o.hosts = parseHostfile(readFile(path), path);
+      hostfile = true;
+    } else if (option == "--dry-run") {
+      o.dryRun = true;
+    } else if (option == "--oversubscribe") {
+      o.oversubscribe = true;
+    } else if (option == "--mpirun") {
+      o.mpirun = value(option, inlineValue, hasInline);
+    } else if (option == "--mpi-arg") {
+      o.mpiArgs.push_back(value(option, inlineValue, hasInline));
+    } else if (option == "--map-by") {
+      o.mapBy = value(option, inlineValue, hasInline);
+    } else if (option == "--bind-to") {
+      o.bindTo = value(option, inlineValue, hasInline);
+    } else if (option == "--store-addr") {
+      o.storeAddr = value(option, inlineValue, hasInline);
+    } else if (option == "--grace") {
+      const std::string text = value(option, inlineValue, hasInline);
+      char* end = nullptr;
+      o.graceS = std::strtod(text.c_str(), &end);
+      if (end == text.c_str() || *end != 0 || !(o.graceS >= 0 && o.graceS <= 3600))
+        throw ConfigError(str("--grace ", text, ": expected seconds from 0 to 3600"));
+    } else {
+      throw ConfigError(str("launch: unknown option '", arg, "'\n", kUsage));
+    }
+  }
+  o.program.assign(args.begin() + std::ptrdiff_t(std::min(i, args.size())), args.end());
+  if (hostList && hostfile) throw ConfigError("launch: give -H or --hostfile, not both");
+  if (o.program.empty()) throw ConfigError(str("launch: no program to run\n", kUsage));
+  if (o.hosts.empty() && o.np == 0)
+    throw ConfigError(str("launch: -np N is required without hosts\n", kUsage));
+  if (!o.hosts.empty()) {
+    const int slots = totalSlots(o.hosts);
+    if (o.np == 0) o.np = slots;
+    if (o.np > slots && !o.oversubscribe)
+      throw ConfigError(str("launch: -np ", o.np, " is more than the ", slots,
+                            " slots of the hosts; add --oversubscribe to allow it"));
+  }
+  return o;
+}
+
+std::vector<std::string> mpirunCommand(const LaunchOptions& o,
+                                       const std::map<std::string, std::string>& environment) {
+  std::vector<std::string> argv = {o.mpirun, "-np", std::to_string(o.np)};
+  std::string hosts;
+  for (const auto& h : o.hosts) hosts += str(hosts.empty() ? "" : ",", h.host, ":", h.slots);
+  argv.insert(argv.end(), {"-H", hosts, "--map-by", o.mapBy, "--bind-to", o.bindTo});
+  if (o.oversubscribe) argv.push_back("--oversubscribe");
+  for (const auto& [name, value] : environment) argv.insert(argv.end(), {"-x", name});
+  // The job's secret travels in mpirun's environment, exported by name only.
+  for (const char* name : {"HETRA_JOB_SECRET", "HETRA_JOB_SECRET_FILE"})
+    if (std::getenv(name) && !environment.count(name)) argv.insert(argv.end(), {"-x", name});
+  argv.insert(argv.end(), o.mpiArgs.begin(), o.mpiArgs.end());
+  argv.insert(argv.end(), o.program.begin(), o.program.end());
+  return argv;
+}
+
+std::string shellCommand(const std::map<std::string, std::string>& environment,
+                         const std::vector<std::string>& argv) {
+  std::string line;
+  for (const auto& [name, value] : environment) line += name + "=" + shellQuote(value) + " ";
+  for (size_t i = 0; i < argv.size(); ++i) line += (i ? " " : "") + shellQuote(argv[i]);
+  return line;
+}
+
+std::string routeAddressTo(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr)
+    throw ConfigError(str("cannot resolve host '", host, "'; give --store-addr"));
+  std::string address;
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  // Connecting a UDP socket only chooses the route and the source address.
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t length = sizeof local;
+    char text[INET_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, text, sizeof text))
+      address = text;
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  if (address.empty()) throw ConfigError(str("no route to host '", host, "'; give --store-addr"));
+  return address;
+}
+
+int runLaunch(const LaunchOptions& o) {
+  if (o.hosts.empty()) {
+    LocalJob job;
+    job.np = o.np;
+    job.argv = o.program;
+    job.failureGrace = Millis(int64_t(o.graceS * 1000));
+    job.name = "hetra launch";
+    return runLocalJob(job);
+  }
+  const std::string address = o.storeAddr.empty() ? routeAddressTo(o.hosts[0].host) : o.storeAddr;
+  if (o.dryRun) {
+    const auto environment = jobEnvironment(address + ":<port>", "<job id>");
+    std::printf("%s\n", shellCommand(environment, mpirunCommand(o, environment)).c_str());
+    return 0;
+  }
+  const LauncherSignals signals;  // before the store server's thread starts
+  ensureJobSecret();
+  // Every interface: the ranks reach it at `address`, which may be on any of them.
+  store::TcpStoreServer server("0.0.0.0", 0);
+  const auto environment = jobEnvironment(str(address, ":", server.port()), randomJobId());
+  ChildProcess mpirun;
+  mpirun.label = "mpirun";
+  mpirun.argv = mpirunCommand(o, environment);
+  mpirun.path = resolveProgram(o.mpirun);
+  mpirun.environment = environment;
+  mpirun.stdinNull = false;      // mpirun forwards it to rank 0
+  mpirun.deathSignal = SIGTERM;  // lets mpirun stop the remote ranks
+  SuperviseOptions options;
+  options.name = "hetra launch";
+  options.failureGrace = Millis(int64_t(o.graceS * 1000));
+  options.stopGrace = Millis(30000);  // mpirun stops its daemons on other hosts
+  return superviseChildren({mpirun}, options, signals);
+}
+
+CLI::App* addLaunchCommand(CLI::App& app) {
+  auto* launch =
+      app.add_subcommand("launch", "Start a program's ranks: locally, or on hosts through mpirun");
+  launch->prefix_command();  // every argument is kept for parseLaunchArguments
+  launch->footer(kUsage);
+  return launch;
+}
+
+int runLaunchCommand(const CLI::App& launch) {
+  return runLaunch(parseLaunchArguments(launch.remaining()));
+}
+
+}  // namespace hetra::cli
