@@ -1,14 +1,20 @@
 // The hetra binary end to end, as a user runs it: bench in launcher mode and in per-rank
 // environment mode, probe, run on a tiny config, and bad input refused with a message that names
 // it.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -151,6 +157,122 @@ TEST(Cli, RunRefusesBadConfigsBeforeStarting) {
     EXPECT_EQ(r.status, 2) << c.set << ": " << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.set << ": " << r.output;
   }
+}
+// A rank of `hetra run` that dies (kill -9) or stops (SIGSTOP) mid-run: the run ends within 10 s
+// with one message naming that rank and how it ended, a non-zero status, no rank left running and
+// no shared-memory segment of the job left behind.
+struct FaultRun {
+  int status = -1;
+  double seconds = 0;  // from the signal to the launcher's exit
+  std::string output;
+  std::vector<pid_t> ranks;
+};
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The child processes of `parent` with HETRA_RANK set, indexed by rank.
+std::vector<pid_t> rankProcesses(pid_t parent, int ranks) {
+  std::vector<pid_t> out(size_t(ranks), -1);
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string status = slurp(entry.path() / "status");
+    const auto ppid = status.find("PPid:\t");
+    if (ppid == std::string::npos || std::stoi(status.substr(ppid + 6)) != parent) continue;
+    const std::string environ = slurp(entry.path() / "environ");
+    const auto at = environ.find(std::string("HETRA_RANK="));
+    if (at == std::string::npos || (at > 0 && environ[at - 1] != '\0')) continue;
+    const int rank = std::atoi(environ.c_str() + at + 11);
+    if (rank >= 0 && rank < ranks) out[size_t(rank)] = pid_t(std::stoi(name));
+  }
+  return out;
+}
+
+std::vector<std::string> shmSegmentsOf(const std::vector<pid_t>& pids) {
+  std::vector<std::string> out;
+  for (const auto& entry : fs::directory_iterator("/dev/shm"))
+    for (pid_t pid : pids)
+      if (entry.path().filename().string().rfind("hetra-" + std::to_string(pid) + "-", 0) == 0)
+        out.push_back(entry.path().filename());
+  return out;
+}
+
+FaultRun runAndSignal(int sig, int victim) {
+  const auto dir = tempDir("fault");
+  const auto log = dir / "out.txt";
+  FaultRun result;
+  const pid_t launcher = fork();
+  if (launcher == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    setenv("HETRA_LOG", "info", 1);  // every rank writes lines to stderr: the message shows them
+    const std::string config = std::string(HETRA_SOURCE_DIR) + "/examples/tiny_synthetic.toml";
+    execl(kHetra.c_str(), kHetra.c_str(), "run", config.c_str(), "--set", "train.steps=1000000",
+          "--set", "train.eval_every=0", "--set", "train.log_every=20", nullptr);
+    _exit(127);
+  }
+  // Training runs once step lines appear (at most 60 s for LibTorch to load on a busy machine).
+  const auto start = std::chrono::steady_clock::now();
+  while (slurp(log).find("step 20/") == std::string::npos &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  result.ranks = rankProcesses(launcher, 3);
+  EXPECT_GT(result.ranks[size_t(victim)], 0) << slurp(log);
+  const auto signalled = std::chrono::steady_clock::now();
+  if (result.ranks[size_t(victim)] > 0) kill(result.ranks[size_t(victim)], sig);
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(launcher, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - signalled < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  if (done == 0) {  // never hang the test: take everything down
+    for (pid_t pid : result.ranks)
+      if (pid > 0) kill(pid, SIGKILL);
+    kill(launcher, SIGKILL);
+    waitpid(launcher, &status, 0);
+  }
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  result.output = slurp(log);
+  fs::remove_all(dir);
+  return result;
+}
+
+void expectCleanFailure(const FaultRun& r, const std::string& how) {
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << r.output;
+  // One final message naming the rank, its host and how it ended.
+  const auto final = r.output.find("hetra run: FAILED: rank 1 (host ");
+  ASSERT_NE(final, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("hetra run: FAILED", final + 1), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(how, final), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lines rank 1 wrote to stderr", final), std::string::npos) << r.output;
+  // The peers failed naming rank 1 (PeerAbortedError), not at their own deadlines.
+  EXPECT_NE(r.output.find("rank 1 (pid " + std::to_string(r.ranks[1]) + ") died"),
+            std::string::npos)
+      << r.output;
+  for (pid_t pid : r.ranks)
+    EXPECT_FALSE(pid > 0 && fs::exists("/proc/" + std::to_string(pid)))
+        << "rank pid " << pid << " left";
+  EXPECT_TRUE(shmSegmentsOf(r.ranks).empty());
+}
+
+TEST(Cli, RunReportsARankKilledMidRun) {
+  const auto r = runAndSignal(SIGKILL, 1);
+  expectCleanFailure(r, "killed by a signal");
+  EXPECT_EQ(r.status, 128 + SIGKILL) << r.output;
+}
+
+TEST(Cli, RunReportsAStoppedRankAsHung) {
+  const auto r = runAndSignal(SIGSTOP, 1);
+  expectCleanFailure(r, "hung: no heartbeat for");
+  EXPECT_NE(r.output.find("T (stopped)"), std::string::npos) << r.output;
 }
 #endif
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/hierarchy.h"
 #include "common/errors.h"
 #include "train/config.h"
 
@@ -217,12 +218,10 @@ TEST(Config, BadConfigsNameKeyValueAndWhatIsAllowed) {
        {},
        {"balance.mode = \"fair\"", "\"dynamic\", \"static\", \"equal\""}},
       {"[balance]\nthreshold = 0\n", {}, {"balance.threshold = 0", "in (0, 1)"}},
-      {"[comm]\ntransport = \"mpi\"\n",
+      {"[comm]\ntransport = \"nccl\"\n",
        {},
-       {"comm.transport = \"mpi\"", "\"auto\", \"shm\", \"tcp\""}},
-      {"[comm]\ncompression = \"fp16\"\n",
-       {},
-       {"comm.compression = \"fp16\"", "not supported yet", "\"none\""}},
+       {"comm.transport = \"nccl\"", "\"auto\", \"shm\", \"tcp\", \"mpi\""}},
+      {"[comm]\ncompression_block = 0\n", {}, {"comm.compression_block = 0", "in [1, "}},
       {"[comm]\ncompression = \"zip\"\n",
        {},
        {"comm.compression = \"zip\"", "must be one of \"none\""}},
@@ -453,6 +452,99 @@ TEST(Config, LoadConfigOfAMissingFile) {
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_CONTAINS(e.what(), "/nonexistent/run.toml");
+  }
+}
+
+TEST(Config, TopologySection) {
+  RunConfig c = parse(kMinimal);
+  EXPECT_EQ(c.topology, TopologyConfig{});
+  EXPECT_EQ(c.topology.algorithm, "auto");
+  std::string printed = toToml(c);
+  EXPECT_CONTAINS(printed, "[topology]");
+  EXPECT_CONTAINS(printed, "algorithm = \"auto\"");
+  EXPECT_EQ(printed.find("file ="), std::string::npos) << "unset keys are not printed";
+  EXPECT_EQ(parse(printed), c);
+
+  c = parse(kMinimal + R"(
+[topology]
+file = "/tmp/probe.json"
+islands = [4, 4, 1]
+algorithm = "hierarchical"
+island_link = "3.5us,12GB/s"
+cross_link = "40us,1gbit"
+)");
+  EXPECT_EQ(c.topology.file, "/tmp/probe.json");
+  EXPECT_EQ(c.topology.islands, (std::vector<int64_t>{4, 4, 1}));
+  EXPECT_EQ(c.topology.algorithm, "hierarchical");
+  EXPECT_EQ(c.topology.islandLink, "3.5us,12GB/s");
+  EXPECT_EQ(c.topology.crossLink, "40us,1gbit");
+  printed = toToml(c);
+  EXPECT_EQ(parse(printed), c) << printed;
+  EXPECT_EQ(toToml(parse(printed)), printed);
+  EXPECT_TRUE(validateConfig(c, cpuOnly()).empty());
+
+  // A link cost through --set is text: its comma does not make it a TOML value.
+  c = parse(kMinimal, {"topology.cross_link=20us,2.5GB/s", "topology.islands=[0, 1, 0]",
+                       "topology.algorithm=ring", "topology.file=/tmp/x.json"});
+  EXPECT_EQ(c.topology.crossLink, "20us,2.5GB/s");
+  EXPECT_EQ(c.topology.islands, (std::vector<int64_t>{0, 1, 0}));
+  EXPECT_EQ(c.topology.algorithm, "ring");
+  EXPECT_EQ(c.topology.file, "/tmp/x.json");
+}
+
+TEST(Config, TopologyRefusesBadValues) {
+  std::string e = errorOf(kMinimal + "\n[topology]\nislands = [0, 1]\n");
+  EXPECT_CONTAINS(e, "run.toml:15: topology.islands = [0, 1]");
+  EXPECT_CONTAINS(e, "2 entries for 3 devices");
+  e = errorOf(kMinimal, {"topology.islands=[0, 0, 0, 1]"});
+  EXPECT_CONTAINS(e, "--set topology.islands=[0, 0, 0, 1]: topology.islands = [0, 0, 0, 1]");
+  EXPECT_CONTAINS(e, "4 entries for 3 devices");
+  e = errorOf(kMinimal, {"topology.islands=[0, -1, 0]"});
+  EXPECT_CONTAINS(e, "topology.islands[1] = -1: out of range: must be >= 0");
+  e = errorOf(kMinimal, {"topology.islands=1"});
+  EXPECT_CONTAINS(e, "expected a list of integers");
+  e = errorOf(kMinimal, {"topology.algorithm=shared"});
+  EXPECT_CONTAINS(e, "topology.algorithm = \"shared\": must be one of \"auto\", \"ring\"");
+  for (const std::string bad :
+       {"5us", "5us,", "fast,1gbit", "5us,0GB/s", "5 parsecs,1gbit", "-1us,1gbit", "5us,5GB"}) {
+    e = errorOf(kMinimal, {"topology.island_link=" + bad});
+    EXPECT_CONTAINS(e, "topology.island_link = \"" + bad + "\": expected \"LATENCY,BANDWIDTH\"");
+  }
+  e = errorOf(kMinimal + "\n[topology]\ncross_link = \"1s,1\"\n");
+  EXPECT_CONTAINS(e, "run.toml:15: topology.cross_link");
+  e = errorOf(kMinimal + "\n[topology]\nfile = \"\"\n");
+  EXPECT_CONTAINS(e, "topology.file = \"\": must not be empty");
+  e = errorOf(kMinimal, {"topology.island=[0, 0, 1]"});
+  EXPECT_CONTAINS(e, "did you mean topology.islands?");
+  e = errorOf(kMinimal + "\n[topolgy]\nislands = []\n");
+  EXPECT_CONTAINS(e, "did you mean topology?");
+  // Accepted forms, as comm::parseLinkCost reads them.
+  for (const std::string good : {"0us,1gbit", "0.5ms,100MB/s", "2e-6s,1e3kb/s", "7NS,3GBIT"})
+    EXPECT_EQ(parse(kMinimal, {"topology.island_link=" + good}).topology.islandLink, good);
+}
+
+// The config checks link costs itself (hetra_train_config does not link hetra_comm): it must accept
+// exactly what the communicator will parse.
+TEST(Config, TopologyLinkCostsAgreeWithTheCommParser) {
+  for (const std::string text :
+       {"5us,5GB/s",  "50us,1gbit", "0us,1gbit",  "0.5ms,100MB/s", "2e-6s,1e3kb/s",
+        "7NS,3GBIT",  "1s,1b/s",    "3us,2mbit",  "1us,4kbit",     "5us",
+        "5us,",       ",1gbit",     "fast,1gbit", "5us,0GB/s",     "5 parsecs,1gbit",
+        "-1us,1gbit", "5us,5GB",    "5us,-2gbit", "nanus,1gbit",   "1us,1gbit,2",
+        "us,gbit",    "1,1gbit"}) {
+    bool commAccepts = true;
+    try {
+      comm::parseLinkCost(text);
+    } catch (const ConfigError&) {
+      commAccepts = false;
+    }
+    bool configAccepts = true;
+    try {
+      parse(kMinimal, {"topology.cross_link=" + text});
+    } catch (const ConfigError&) {
+      configAccepts = false;
+    }
+    EXPECT_EQ(configAccepts, commAccepts) << text;
   }
 }
 

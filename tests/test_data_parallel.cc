@@ -115,5 +115,72 @@ TEST(DataParallel, RandomSplitsMatchOneProcess) {
   }
 }
 
+// Error feedback: with the same gradient every step (the parameters do not move), the sum of the
+// compressed reduced gradients over T steps must stay within a bounded distance of T times the
+// exact one (the residuals carry what each step lost, the senders' and the reducers' encodings),
+// while without feedback the same rounding adds up step after step.
+// Returns, for each T in checkpoints, max |sum_t reduced_t - T * exact| over all elements.
+std::vector<double> accumulatedError(bool errorFeedback, const std::vector<int>& checkpoints) {
+  constexpr int kRanks = 3;
+  const Split split{{9, 4, 6}, {2, 1, 3}};
+  const GlobalBatch batch = makeBatch(19);
+  const auto reference = referenceGradients(batch);
+  std::vector<double> errors(checkpoints.size(), 0.0);
+  auto store = std::make_shared<store::MemoryStore>();
+  test::runRanks(kRanks, [&](int rank) {
+    comm::GroupOptions options;
+    options.timeout = Millis(20000);
+    options.compression = comm::Compression::Fp8E5M2;
+    options.compressionBlock = 32;
+    options.compressionMinBytes = 0;
+    auto comm = comm::Communicator::create(store, rank, kRanks, options);
+    auto model = makeModel(smallMlp());
+    DataParallelOptions dp;
+    dp.bucketBytes = 512;  // several buckets
+    dp.directBytes = 256;
+    dp.errorFeedback = errorFeedback;
+    DataParallel parallel(model, comm, dp);
+    parallel.broadcastParameters();
+    const auto params = model->parameters();
+    std::vector<torch::Tensor> sums;
+    for (auto& p : params) sums.push_back(torch::zeros_like(p));
+    int64_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += split.batches[size_t(r)];
+    const int64_t mine = split.batches[size_t(rank)], k = split.accum[size_t(rank)];
+    size_t next = 0;
+    for (int t = 1; t <= checkpoints.back(); ++t) {
+      parallel.clearGradients();
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t start = offset + mine * j / k, end = offset + mine * (j + 1) / k;
+        if (j + 1 == k) parallel.armLastBackward();
+        lossSum(*model, batch.inputs.slice(0, start, end), batch.targets.slice(0, start, end))
+            .backward();
+      }
+      parallel.finish(19);
+      for (size_t p = 0; p < params.size(); ++p) sums[p] += params[p].grad();
+      if (t == checkpoints[next]) {
+        double worst = 0;
+        for (size_t p = 0; p < params.size(); ++p)
+          worst = std::max(worst, (sums[p] - t * reference[p]).abs().max().item<double>());
+        if (rank == 0) errors[next] = worst;
+        ++next;
+      }
+    }
+  });
+  return errors;
+}
+
+TEST(DataParallel, ErrorFeedbackKeepsTheAccumulatedErrorBounded) {
+  torch::set_num_threads(1);
+  const std::vector<int> checkpoints = {5, 60};
+  const auto withFeedback = accumulatedError(true, checkpoints);
+  const auto without = accumulatedError(false, checkpoints);
+  // Without feedback the same rounding repeats every step: 12x the steps, ~12x the error.
+  EXPECT_GT(without[1], 8 * without[0]) << without[0] << " -> " << without[1];
+  // With it the error stays at the size of one step's rounding.
+  EXPECT_LT(withFeedback[1], 2 * without[0]) << withFeedback[1] << " vs " << without[0];
+  EXPECT_LT(withFeedback[1], 0.1 * without[1]);
+}
+
 }  // namespace
 }  // namespace hetra::train

@@ -412,6 +412,8 @@ const Fields<TrainConfig>& trainFields() {
       intField("log_every", &T::logEvery, atLeast(0), "console line every N steps; 0 = none"),
       intField("checkpoint_every", &T::checkpointEvery, atLeast(0), "save every N steps; 0 = off"),
       stringField("checkpoint_dir", &T::checkpointDir, "where checkpoints go"),
+      intField("keep_checkpoints", &T::keepCheckpoints, atLeast(1),
+               "the newest N checkpoints stay, older ones are removed"),
       numField("bucket_mib", &T::bucketMib, within(0.001, 65536),
                "gradient bucket size (MiB) of the overlapped allreduce"),
   };
@@ -434,11 +436,88 @@ const Fields<BalanceConfig>& balanceFields() {
 const Fields<CommConfig>& commFields() {
   using C = CommConfig;
   static const Fields<C> fields = {
-      choiceField("transport", &C::transport, {"auto", "shm", "tcp"},
-                  "auto (shm on one host) | shm | tcp"),
+      choiceField("transport", &C::transport, {"auto", "shm", "tcp", "mpi"},
+                  "auto (shm on one host, else tcp) | shm | tcp | mpi (a build with MPI)"),
       numField("timeout_s", &C::timeoutS, within(0.001, 1e6), "deadline of blocking comm calls"),
-      choiceField("compression", &C::compression, {"none"}, "none (fp16, bf16, fp8: not yet)",
-                  {"fp16", "bf16", "fp8-e4m3", "fp8-e5m2"}),
+      choiceField("compression", &C::compression, {"none", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2"},
+                  "gradient bytes on the wire: none | fp16 | bf16 | fp8-e4m3 | fp8-e5m2"),
+      boolField("error_feedback", &C::errorFeedback,
+                "carry each bucket's compression error into the next step"),
+      intField("compression_block", &C::compressionBlock, within(1, 1 << 20),
+               "fp8: elements per fp32 scale"),
+      intField("compression_min_bytes", &C::compressionMinBytes, atLeast(0),
+               "gradient buckets smaller than this travel uncompressed"),
+  };
+  return fields;
+}
+
+const Fields<ElasticConfig>& elasticFields() {
+  using E = ElasticConfig;
+  static const Fields<E> fields = {
+      intField(
+          "max_restarts", &E::maxRestarts, within(0, 1000),
+          "restarts after a rank fails: from the last checkpoint, without its device; 0 = off"),
+      intField("min_devices", &E::minDevices, within(1, 1 << 16),
+               "no restart when fewer devices than this would remain"),
+  };
+  return fields;
+}
+
+// A "LATENCY,BANDWIDTH" link cost such as "5us,5GB/s": the forms comm::parseLinkCost reads (this
+// library does not link hetra_comm, so the check is repeated here). Empty: the text is fine.
+std::string linkCostProblem(const std::string& text) {
+  auto unitOk = [](const std::string& part, const std::vector<std::string>& units, bool positive) {
+    size_t used = 0;
+    double value = 0;
+    try {
+      value = std::stod(part, &used);
+    } catch (const std::exception&) {
+      return false;
+    }
+    std::string unit = part.substr(used);
+    std::transform(unit.begin(), unit.end(), unit.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    return used > 0 && std::isfinite(value) && (positive ? value > 0 : value >= 0) &&
+           std::find(units.begin(), units.end(), unit) != units.end();
+  };
+  const size_t comma = text.find(',');
+  if (comma == std::string::npos ||
+      !unitOk(text.substr(0, comma), {"s", "ms", "us", "ns"}, false) ||
+      !unitOk(text.substr(comma + 1), {"b/s", "kb/s", "mb/s", "gb/s", "kbit", "mbit", "gbit"},
+              true))
+    return "expected \"LATENCY,BANDWIDTH\" such as \"5us,5GB/s\" or \"50us,1gbit\" (latency in "
+           "s, ms, us or ns; bandwidth > 0 in B/s, KB/s, MB/s, GB/s, kbit, mbit or gbit)";
+  return "";
+}
+
+// A string key whose empty default means "not set" (not printed, so the printed config reads
+// back the same).
+template <class S>
+Field<S> optionalStringField(std::string key, std::string S::*m, std::string help,
+                             std::function<std::string(const std::string&)> problem = nullptr) {
+  return {std::move(key), std::move(help), true,
+          [m, problem](S& s, const Site& site) {
+            s.*m = readString(site);
+            if (problem && !problem(s.*m).empty()) site.fail(problem(s.*m));
+          },
+          [m](const S& s) { return (s.*m).empty() ? std::string() : quote(s.*m); }};
+}
+
+const Fields<TopologyConfig>& topologyFields() {
+  using T = TopologyConfig;
+  static const Fields<T> fields = {
+      optionalStringField("file", &T::file,
+                          "topology JSON from `hetra probe --links --out`: islands, link costs"),
+      intListField("islands", &T::islands, atLeast(0),
+                   "island id of each [[devices]] entry ([]: by host and vendor, or the file's)"),
+      choiceField("algorithm", &T::algorithm, {"auto", "ring", "hierarchical"},
+                  "auto (cost model; HETRA_ALGO) | ring | hierarchical"),
+      optionalStringField("island_link", &T::islandLink,
+                          "\"LATENCY,BANDWIDTH\" inside islands, e.g. \"5us,5GB/s\"",
+                          linkCostProblem),
+      optionalStringField("cross_link", &T::crossLink,
+                          "\"LATENCY,BANDWIDTH\" between islands, e.g. \"50us,1gbit\"",
+                          linkCostProblem),
   };
   return fields;
 }
@@ -527,7 +606,8 @@ const Fields<DeviceConfig>& deviceFields() {
   return fields;
 }
 
-const std::vector<std::string> kSections = {"model", "data", "train", "balance", "comm", "devices"};
+const std::vector<std::string> kSections = {"model", "data",    "train",    "balance",
+                                            "comm",  "elastic", "topology", "devices"};
 
 template <class S>
 std::vector<std::string> keysOf(const Fields<S>& fields) {
@@ -547,6 +627,8 @@ std::vector<std::pair<std::string, std::string>> allKeys() {
   add("train", keysOf(trainFields()));
   add("balance", keysOf(balanceFields()));
   add("comm", keysOf(commFields()));
+  add("elastic", keysOf(elasticFields()));
+  add("topology", keysOf(topologyFields()));
   add("devices[i]", keysOf(deviceFields()));
   return keys;
 }
@@ -616,6 +698,10 @@ void readRoot(RunConfig& config, const toml::table& root, Reader& reader) {
       readSection(config.balance, site, balanceFields());
     } else if (name == "comm") {
       readSection(config.comm, site, commFields());
+    } else if (name == "elastic") {
+      readSection(config.elastic, site, elasticFields());
+    } else if (name == "topology") {
+      readSection(config.topology, site, topologyFields());
     } else if (name == "devices") {
       readDevices(config, site);
     } else {
@@ -692,6 +778,8 @@ bool isTextKey(const std::vector<std::string>& path) {
   if (path[0] == "train") return textIn(trainFields(), path[1]);
   if (path[0] == "balance") return textIn(balanceFields(), path[1]);
   if (path[0] == "comm") return textIn(commFields(), path[1]);
+  if (path[0] == "elastic") return textIn(elasticFields(), path[1]);
+  if (path[0] == "topology") return textIn(topologyFields(), path[1]);
   return false;
 }
 
@@ -706,7 +794,12 @@ toml::table parseSetValue(const std::string& text, bool asText, const std::strin
       // Not a TOML value: a bare word such as equal or /tmp/x, taken as a string below.
     }
   }
-  return toml::parse("v = " + quote(text), origin);
+  try {
+    return toml::parse("v = " + quote(text), origin);
+  } catch (const toml::parse_error& e) {
+    // Even as a quoted string the value is no TOML, e.g. invalid UTF-8 (found by fuzzing).
+    throw ConfigError(str(origin, ": ", e.description()));
+  }
 }
 
 // An empty table (or list) that carries the --set as its source, for the tables a --set creates.
@@ -865,8 +958,22 @@ std::vector<std::string> validateImpl(const RunConfig& c, const Capabilities& ca
               str("must divide the input features (", features,
                   " for data.name = ", quote(c.data.name), ")"));
   }
+  if (!c.topology.islands.empty() && c.topology.islands.size() != c.devices.size()) {
+    std::vector<std::string> ids;
+    for (int64_t id : c.topology.islands) ids.push_back(std::to_string(id));
+    failKey(locate, "topology.islands", "[" + join(ids, ", ") + "]",
+            str("has ", ids.size(), ids.size() == 1 ? " entry" : " entries", " for ",
+                c.devices.size(), " devices: give one island id per [[devices]] entry"));
+  }
   if (c.train.checkpointEvery > 0 && c.train.checkpointDir.empty())
     failKey(locate, "train.checkpoint_dir", "\"\"", "needed when train.checkpoint_every > 0");
+  // A restart continues from this run's newest checkpoint: without checkpoints it would start over.
+  if (c.elastic.maxRestarts > 0 && c.train.checkpointEvery == 0)
+    failKey(locate, "elastic.max_restarts", std::to_string(c.elastic.maxRestarts),
+            "elastic restarts resume from a checkpoint: set train.checkpoint_every > 0 too");
+  if (c.elastic.minDevices > int64_t(c.devices.size()))
+    failKey(locate, "elastic.min_devices", std::to_string(c.elastic.minDevices),
+            str("more than the ", c.devices.size(), " devices listed"));
   return warnings;
 }
 
@@ -980,6 +1087,10 @@ std::string toToml(const RunConfig& config) {
   writeTable(os, config.balance, balanceFields());
   os << "\n[comm]\n";
   writeTable(os, config.comm, commFields());
+  os << "\n[elastic]\n";
+  writeTable(os, config.elastic, elasticFields());
+  os << "\n[topology]\n";
+  writeTable(os, config.topology, topologyFields());
   for (const auto& device : config.devices) {
     os << "\n[[devices]]\n";
     writeTable(os, device, deviceFields());
@@ -1006,6 +1117,8 @@ int64_t parseBytes(const std::string& text) {
     for (++i; i < s.size() && std::isdigit((unsigned char)s[i]); ++i, digits = true) {
       if (scale > __int128(1e18)) throw bad();
       mantissa = mantissa * 10 + (s[i] - '0');
+      // Bounded like the integer part: 2^80 * 1 TiB still fits __int128 (found by fuzzing).
+      if (mantissa > (__int128(1) << 80)) throw bad();
       scale *= 10;
     }
   }

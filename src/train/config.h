@@ -64,7 +64,8 @@ struct TrainConfig {
   int64_t logEvery = 10;                // console line every N steps; 0 = none
   int64_t checkpointEvery = 0;          // save every N steps; 0 = off
   std::string checkpointDir = "checkpoints";
-  double bucketMib = 25.0;  // gradient bucket size for the overlapped allreduce
+  int64_t keepCheckpoints = 3;  // the newest N checkpoints stay, older ones are removed
+  double bucketMib = 25.0;      // gradient bucket size for the overlapped allreduce
   bool operator==(const TrainConfig&) const = default;
 };
 
@@ -79,10 +80,33 @@ struct BalanceConfig {
 };
 
 struct CommConfig {
-  std::string transport = "auto";    // auto | shm | tcp
-  double timeoutS = 60.0;            // deadline of every blocking communication call
-  std::string compression = "none";  // none (fp16, bf16, fp8-e4m3, fp8-e5m2: not yet)
+  std::string transport = "auto";       // auto | shm | tcp | mpi
+  double timeoutS = 60.0;               // deadline of every blocking communication call
+  std::string compression = "none";     // none | fp16 | bf16 | fp8-e4m3 | fp8-e5m2
+  bool errorFeedback = true;            // keep each bucket's compression error for the next step
+  int64_t compressionBlock = 256;       // fp8: elements per fp32 scale
+  int64_t compressionMinBytes = 65536;  // smaller gradient buckets travel as float32
   bool operator==(const CommConfig&) const = default;
+};
+
+// Elastic recovery by `hetra run` (docs/reliability.md): after a rank fails, restart from the
+// newest checkpoint of this run with the surviving devices.
+struct ElasticConfig {
+  int64_t maxRestarts = 0;  // restarts allowed over the whole run; 0 = off (a failure ends the run)
+  int64_t minDevices = 1;   // fewer surviving devices than this: no restart, the run fails
+  bool operator==(const ElasticConfig&) const = default;
+};
+
+// Islands of the hierarchical allreduce and the costs of its links (comm/topology.h). Empty values
+// leave the choice to the communicator: islands by host and vendor, HETRA_ISLAND_LINK and
+// HETRA_CROSS_LINK for the cost model.
+struct TopologyConfig {
+  std::string file;  // topology JSON written by `hetra probe --links`: its islands and link costs
+  std::vector<int64_t> islands;    // island id of each [[devices]] entry; overrides the file's
+  std::string algorithm = "auto";  // auto | ring | hierarchical
+  std::string islandLink;          // "LATENCY,BANDWIDTH" inside islands; overrides the file's
+  std::string crossLink;           // "LATENCY,BANDWIDTH" between islands; overrides the file's
+  bool operator==(const TopologyConfig&) const = default;
 };
 
 // From step `step` on, the device runs `factor` times slower (until the next change).
@@ -110,6 +134,8 @@ struct RunConfig {
   TrainConfig train;
   BalanceConfig balance;
   CommConfig comm;
+  ElasticConfig elastic;
+  TopologyConfig topology;
   std::vector<DeviceConfig> devices;
   // Not part of the configuration (ignored by ==, not printed): what validation found questionable
   // but allowed, e.g. more busy threads than cores.
@@ -117,7 +143,7 @@ struct RunConfig {
 
   bool operator==(const RunConfig& o) const {
     return model == o.model && data == o.data && train == o.train && balance == o.balance &&
-           comm == o.comm && devices == o.devices;
+           comm == o.comm && elastic == o.elastic && topology == o.topology && devices == o.devices;
   }
 };
 

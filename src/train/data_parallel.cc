@@ -14,7 +14,7 @@ namespace hetra::train {
 
 DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
                            std::shared_ptr<comm::Communicator> comm, DataParallelOptions options)
-    : model_(std::move(model)), comm_(std::move(comm)) {
+    : model_(std::move(model)), comm_(std::move(comm)), errorFeedback_(options.errorFeedback) {
   for (auto& p : model_->parameters())
     if (p.requires_grad()) {
       HETRA_ENFORCE(p.scalar_type() == torch::kFloat32, "DataParallel supports float32 parameters");
@@ -156,8 +156,52 @@ void DataParallel::launchReady() {
   while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
     Bucket& b = buckets_[nextLaunch_++];
     torch::Tensor data = b.direct ? params_[b.params.front()].mutable_grad() : b.flat;
-    b.work = comm_->allreduce(data.data_ptr(), data.data_ptr(), size_t(data.numel()), DType::F32,
-                              comm::ReduceOp::Sum);
+    const size_t count = size_t(data.numel());
+    if (errorFeedback_ && comm_->codecFor(DType::F32, comm::ReduceOp::Sum, count)) {
+      if (!b.residual.defined()) b.residual = torch::zeros({int64_t(count)}, torch::kFloat32);
+      float* values = data.data_ptr<float>();
+      b.work = comm_->allreduceWithFeedback(values, values, count, b.residual.data_ptr<float>());
+    } else {
+      b.work = comm_->allreduce(data.data_ptr(), data.data_ptr(), count, DType::F32,
+                                comm::ReduceOp::Sum);
+    }
+  }
+}
+
+int64_t DataParallel::residualElements() const {
+  int64_t total = 0;
+  for (const auto& b : buckets_)
+    for (size_t k : b.params) total += params_[k].numel();
+  return total;
+}
+
+torch::Tensor DataParallel::saveResiduals() const {
+  torch::Tensor flat = torch::zeros({residualElements()}, torch::kFloat32);
+  int64_t at = 0;
+  for (const auto& b : buckets_) {
+    int64_t elems = 0;
+    for (size_t k : b.params) elems += params_[k].numel();
+    if (b.residual.defined()) flat.narrow(0, at, elems).copy_(b.residual);
+    at += elems;
+  }
+  return flat;
+}
+
+void DataParallel::loadResiduals(const torch::Tensor& flat) {
+  if (!flat.defined()) {
+    for (auto& b : buckets_) b.residual = torch::Tensor();
+    return;
+  }
+  HETRA_ENFORCE(flat.scalar_type() == torch::kFloat32 && flat.dim() == 1 &&
+                    flat.numel() == residualElements(),
+                "error feedback state: ", flat.numel(), " values saved, this model has ",
+                residualElements(), " gradient elements");
+  int64_t at = 0;
+  for (auto& b : buckets_) {
+    int64_t elems = 0;
+    for (size_t k : b.params) elems += params_[k].numel();
+    b.residual = flat.narrow(0, at, elems).clone();
+    at += elems;
   }
 }
 

@@ -34,6 +34,10 @@ struct DataParallelOptions {
   size_t bucketBytes = 25u << 20;
   // Parameters of at least this many bytes (or of at least bucketBytes) are direct buckets.
   size_t directBytes = 256u << 10;
+  // For buckets the communicator compresses (Communicator::codecFor): keep what the codec lost of
+  // this bucket and add it to the next step's, so no part of a gradient is lost, only delayed
+  // (error feedback, Communicator::allreduceWithFeedback).
+  bool errorFeedback = false;
 };
 
 class DataParallel {
@@ -61,6 +65,14 @@ class DataParallel {
 
   size_t bucketCount() const { return buckets_.size(); }
 
+  // Error feedback state (each rank has its own), in the units of the summed gradients: every
+  // bucket's residual one after the other, zeros where a bucket has none; residualElements()
+  // float32 values. Saved with checkpoints.
+  torch::Tensor saveResiduals() const;
+  int64_t residualElements() const;
+  // Restores saveResiduals(); an undefined tensor resets them (no error owed).
+  void loadResiduals(const torch::Tensor& flat);
+
  private:
   struct Bucket {
     std::vector<size_t> params;  // indices into params_
@@ -68,6 +80,7 @@ class DataParallel {
     torch::Tensor flat;  // packed buckets: float32, contiguous
     size_t pending = 0;  // parameters not ready yet in this step
     comm::WorkPtr work;
+    torch::Tensor residual;  // error feedback state of this bucket (this rank's), float32, flat
   };
   struct Slot {
     size_t bucket = 0;
@@ -89,6 +102,7 @@ class DataParallel {
   std::vector<Bucket> buckets_;
   size_t nextLaunch_ = 0;
   bool armed_ = false;
+  bool errorFeedback_ = false;
 };
 
 }  // namespace hetra::train

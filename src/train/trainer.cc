@@ -32,7 +32,17 @@ using nlohmann::json;
 // What every rank reports about a step, all-gathered as float64: the fixed fields, then up to
 // kMaxObservations (micro-batch size, seconds) pairs for the balancer.
 constexpr int kMaxObservations = 8;
-enum StatField { kLossSum, kSamples, kComputeSeconds, kCommSeconds, kObservations, kFixedFields };
+// Bytes are this step's payload bytes through this rank's transport (after compression).
+enum StatField {
+  kLossSum,
+  kSamples,
+  kComputeSeconds,
+  kCommSeconds,
+  kBytesSent,
+  kBytesReceived,
+  kObservations,
+  kFixedFields
+};
 constexpr size_t kStatFields = kFixedFields + 2 * kMaxObservations;
 
 // The shape of one sample and the number of classes, known from the config without loading data.
@@ -96,15 +106,7 @@ std::string splitText(const balance::Plan& plan) {
 
 // Writes `text` to `path` through a temporary file and a rename, so readers never see half a file.
 void writeAtomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError(str("cannot write '", tmp.string(), "'"));
-    out << text;
-    out.flush();
-    if (!out) throw IoError(str("writing '", tmp.string(), "' failed"));
-  }
-  fs::rename(tmp, path);
+  writeFileAtomically(path.string(), text);
 }
 
 class Run {
@@ -143,8 +145,10 @@ class Run {
       model_ = makeModel(spec);
       footprint_ = estimateFootprint(spec);
     }
-    parallel_ = std::make_unique<DataParallel>(
-        model_, comm_, DataParallelOptions{size_t(config.train.bucketMib * (1 << 20))});
+    DataParallelOptions parallelOptions;
+    parallelOptions.bucketBytes = size_t(config.train.bucketMib * (1 << 20));
+    parallelOptions.errorFeedback = config.comm.errorFeedback;
+    parallel_ = std::make_unique<DataParallel>(model_, comm_, parallelOptions);
     optimizer_ = makeOptimizer(model_->parameters(), optimSpec());
     sampler_ = std::make_unique<GlobalSampler>(trainData_->size(), config.train.globalBatch,
                                                uint64_t(config.train.seed));
@@ -157,7 +161,8 @@ class Run {
     else
       parallel_->broadcastParameters();
     if (rank_ == 0 && !options.metricsPath.empty()) {
-      metrics_.open(options.metricsPath, startStep_ > 0 ? std::ios::app : std::ios::trunc);
+      metrics_.open(options.metricsPath,
+                    startStep_ > 0 || options.appendMetrics ? std::ios::app : std::ios::trunc);
       if (!metrics_) throw IoError(str("cannot write --metrics file '", options.metricsPath, "'"));
     }
   }
@@ -364,6 +369,11 @@ class Run {
     report[kSamples] = double(mine.batch);
     report[kComputeSeconds] = computeSeconds;
     report[kCommSeconds] = commSeconds;
+    const uint64_t sent = comm_->bytesSent(), received = comm_->bytesReceived();
+    report[kBytesSent] = double(sent - bytesSentBefore_);
+    report[kBytesReceived] = double(received - bytesReceivedBefore_);
+    bytesSentBefore_ = sent;
+    bytesReceivedBefore_ = received;
     report[kObservations] = observations;
     drain();
     auto& gather = pending_.emplace();
@@ -414,7 +424,9 @@ class Run {
                        {"micro_batch", a.microBatch},
                        {"accum", a.accumSteps},
                        {"compute_s", stats.ranks[size_t(r)][kComputeSeconds]},
-                       {"comm_s", stats.ranks[size_t(r)][kCommSeconds]}});
+                       {"comm_s", stats.ranks[size_t(r)][kCommSeconds]},
+                       {"bytes_sent", int64_t(stats.ranks[size_t(r)][kBytesSent])},
+                       {"bytes_recv", int64_t(stats.ranks[size_t(r)][kBytesReceived])}});
     }
     writeMetric({{"event", "step"},
                  {"step", step + 1},
@@ -521,12 +533,25 @@ class Run {
     }
   }
 
-  // Checkpoint layout: DIR/step-<N>/{model.pt, state.json}, DIR/latest naming the newest. A step
-  // directory is complete before `latest` points at it: it is written under a temporary name and
-  // renamed.
+  // Checkpoint layout: DIR/step-<N>/{model.pt, state.json, MANIFEST}, DIR/latest naming the newest.
+  // A step directory is complete and on the disk before `latest` points at it: it is written
+  // under a temporary name, checksummed and renamed (commitCheckpoint); the last
+  // train.keep_checkpoints stay.
   void checkpoint(int64_t step) {
     drain();                   // the saved balancer has seen every step before the checkpoint
     comm_->barrier()->wait();  // every rank has finished the step
+    // Error feedback: every rank's residuals go into the checkpoint (rank 0 writes it). Gathered
+    // as bytes: the group compresses float32 allgathers, and these must arrive exact.
+    torch::Tensor residuals;
+    if (feedsBackErrors()) {
+      const torch::Tensor mine = parallel_->saveResiduals();
+      residuals = torch::empty({comm_->size(), mine.numel()}, torch::kFloat32);
+      const size_t bytes = size_t(mine.numel()) * sizeof(float);
+      comm_
+          ->allgather(mine.data_ptr(), residuals.data_ptr(),
+                      std::vector<size_t>(size_t(comm_->size()), bytes), DType::U8)
+          ->wait();
+    }
     if (rank_ == 0) {
       const fs::path dir(config_.train.checkpointDir);
       fs::create_directories(dir);
@@ -535,34 +560,82 @@ class Run {
       fs::remove_all(tmp);
       fs::create_directories(tmp);
       saveCheckpoint((tmp / "model.pt").string(), *model_, *optimizer_, CheckpointInfo{step, ""});
-      json state = {{"step", step}, {"balancer", balancer_->save()}, {"config", toToml(config_)}};
+      json state = {{"step", step},
+                    {"balancer", balancer_->save()},
+                    {"devices", deviceNames()},
+                    {"config", toToml(config_)}};
       writeAtomically(tmp / "state.json", state.dump(1));
-      fs::remove_all(dir / name);
-      fs::rename(tmp, dir / name);
+      if (residuals.defined()) torch::save(residuals, (tmp / "residuals.pt").string());
+      commitCheckpoint(tmp.string(), (dir / name).string());
       writeAtomically(dir / "latest", name + "\n");
       HETRA_INFO("train", "checkpoint ", (dir / name).string());
+      for (const auto& old : pruneCheckpoints(dir.string(), config_.train.keepCheckpoints))
+        HETRA_INFO("train", "removed checkpoint ", old);
     }
     comm_->barrier()->wait();
   }
 
   void resume(const std::string& resumeDir) {
-    fs::path dir(resumeDir);
-    if (fs::exists(dir / "latest")) {
-      std::ifstream latest(dir / "latest");
-      std::string name;
-      std::getline(latest, name);
-      dir /= name;
-    }
-    if (!fs::exists(dir / "state.json"))
-      throw ConfigError(
-          str("--resume ", resumeDir, ": no checkpoint there (no state.json or latest)"));
+    // The newest checkpoint that verifies: a truncated or corrupted newer one is skipped (WARN).
+    const fs::path dir(findCheckpoint(resumeDir));
     std::ifstream in(dir / "state.json");
     const json state = json::parse(in);
     loadCheckpoint((dir / "model.pt").string(), *model_, *optimizer_);
-    *balancer_ = balance::Balancer::load(state.at("balancer").get<std::string>());
     startStep_ = state.at("step").get<int64_t>();
+    // The balancer's state is per rank: it applies only to the same devices in the same ranks.
+    // After an elastic restart without a device (or a --resume with other devices) the survivors
+    // would not even keep their rank numbers, and their speeds change with the freed cores, so
+    // the balancer starts afresh (equal split, re-profiling); the split never changes the result.
+    // Checkpoints of older hetra versions do not list their devices: the rank count decides.
+    auto saved = balance::Balancer::load(state.at("balancer").get<std::string>());
+    const bool sameDevices =
+        state.contains("devices")
+            ? state.at("devices").get<std::vector<std::string>>() == deviceNames()
+            : saved.ranks() == comm_->size();
+    if (sameDevices) {
+      *balancer_ = std::move(saved);
+      // This rank's error-feedback residuals, when the run compresses and the checkpoint has them.
+      const fs::path residualsFile = dir / "residuals.pt";
+      if (feedsBackErrors() && fs::exists(residualsFile)) {
+        torch::Tensor all;
+        torch::load(all, residualsFile.string());
+        HETRA_ENFORCE(all.dim() == 2 && all.size(0) == comm_->size(), "checkpoint ",
+                      residualsFile.string(), " holds residuals of ", all.size(0), " ranks, not ",
+                      comm_->size());
+        parallel_->loadResiduals(all[rank_].contiguous());
+      }
+    } else {
+      // Error-feedback residuals are per rank too: whatever a departed rank owed is dropped.
+      parallel_->loadResiduals(torch::Tensor());
+      auto list = [](const std::vector<std::string>& names) {
+        std::string text;
+        for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+        return text;
+      };
+      if (rank_ == 0)
+        HETRA_WARN("train", "checkpoint ", dir.string(), " was written by ", saved.ranks(),
+                   " devices",
+                   state.contains("devices")
+                       ? str(" (", list(state.at("devices").get<std::vector<std::string>>()), ")")
+                       : std::string(),
+                   ", this run has ", comm_->size(), " (", list(deviceNames()),
+                   "): the balancer re-profiles from an equal split",
+                   config_.comm.errorFeedback && config_.comm.compression != "none"
+                       ? "; error-feedback residuals start at zero"
+                       : "");
+    }
     if (rank_ == 0)
       std::printf("resumed from %s at step %lld\n", dir.string().c_str(), (long long)startStep_);
+  }
+
+  bool feedsBackErrors() const {
+    return config_.comm.errorFeedback && config_.comm.compression != "none";
+  }
+
+  std::vector<std::string> deviceNames() const {
+    std::vector<std::string> names;
+    for (const auto& device : config_.devices) names.push_back(device.name);
+    return names;
   }
 
   void announce() {
@@ -608,6 +681,7 @@ class Run {
   std::ofstream metrics_;
   Clock::time_point lastFlush_ = Clock::now();
   StepStats lastStats_;
+  uint64_t bytesSentBefore_ = 0, bytesReceivedBefore_ = 0;  // transport counters at the last step
   std::optional<PendingGather> pending_;
 };
 

@@ -24,6 +24,9 @@ struct TrainerOptions {
   std::string metricsPath;   // JSON Lines written by rank 0 ("" = none)
   std::string resumeDir;     // checkpoint directory to continue from ("" = start fresh)
   bool progressBar = false;  // rank 0 redraws one progress line (a terminal) instead of plain lines
+  // Append to metricsPath even when starting at step 0 (an elastic restart before the first
+  // checkpoint: the records of the failed attempt and the restart record stay).
+  bool appendMetrics = false;
 
   // A program's own model and data instead of config.model and config.data (examples/
   // custom_model.cpp). Each rank calls them once. The replicas may start different: rank 0's

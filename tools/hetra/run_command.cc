@@ -2,17 +2,78 @@
 
 #include <unistd.h>
 
+#include <cstring>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
+#include "comm/topology.h"
 #include "common/errors.h"
+#include "common/heartbeat.h"
 #include "common/logging.h"
+#include "common/params.h"
 #include "launch.h"
 #include "train/config.h"
+#include "train/optim.h"
 #include "train/trainer.h"
 
 namespace hetra::cli {
+namespace {
+
+const Param kHangTimeout("HETRA_HANG_TIMEOUT_S", "5",
+                         "hetra run: a local rank without a heartbeat for this many seconds "
+                         "(stopped, frozen) is hung; it is killed so that its peers fail at once.");
+
+// Set by the supervising `hetra run` for the ranks of an elastic restart (see elastic below).
+const Param kElasticRestart(
+    "HETRA_ELASTIC_RESTART", "0",
+    "Set by hetra run for its ranks: the elastic restart they belong to "
+    "(0: the first start; > 0: append to --metrics, resume from HETRA_ELASTIC_RESUME).");
+const Param kElasticDevices("HETRA_ELASTIC_DEVICES", "",
+                            "Set by hetra run on an elastic restart: the [[devices]] entries that "
+                            "take part, as indices into the config's list (\"0,2\").");
+const Param kElasticResume("HETRA_ELASTIC_RESUME", "",
+                           "Set by hetra run on an elastic restart: the checkpoint the ranks "
+                           "resume from (empty: start over, no checkpoint was written yet).");
+
+// One message about a failed rank: which rank, where, how it ended, its last lines. `head` is
+// "FAILED: " at the end of a failed run, "" before an elastic restart.
+void reportFailure(const RankWatch::Failure& failure, int code,
+                   const std::string& head = "FAILED: ") {
+  const std::string status =
+      code > 128 ? str(code, " (signal ", code - 128, ", ", strsignal(code - 128), ")")
+                 : std::to_string(code);
+  if (failure.rank < 0) {
+    std::fprintf(stderr, "hetra run: failed, exit status %s\n", status.c_str());
+    return;
+  }
+  std::string text = str("hetra run: ", head, "rank ", failure.rank, " (host ", failure.host,
+                         ", pid ", failure.pid, ") ", failure.how, "; exit status ", status, "\n");
+  if (failure.tail.empty()) {
+    text += str("hetra run: rank ", failure.rank, " wrote nothing to stderr\n");
+  } else {
+    text += str("hetra run: the last ", failure.tail.size(), " lines rank ", failure.rank,
+                " wrote to stderr:\n");
+    for (const auto& line : failure.tail) text += "    " + line + "\n";
+  }
+  std::fputs(text.c_str(), stderr);
+}
+
+void runRank(const RunOptions& options, const train::RunConfig& config, const RankContext& context,
+             bool appendMetrics);
+train::TopologyConfig resolveTopology(const train::RunConfig& config);
+int superviseElastic(const RunOptions& options, const train::RunConfig& config,
+                     const std::vector<std::string>& argv);
+
+}  // namespace
 
 int runTraining(const RunOptions& options, const std::vector<std::string>& argv) {
   // Every rank parses the same file and overrides, so all hold the same config without sending it.
@@ -26,38 +87,296 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
     }
     for (const auto& warning : config.warnings)
       std::fprintf(stderr, "hetra: warning: %s\n", warning.c_str());
-    // Emulated devices are packed onto cores by duty cycle, so a slowed device's sleeps leave room
-    // for another and the fast device keeps a core to itself; the PyTorch peer (bench/) does the
-    // same.
-    std::vector<double> duty;
-    std::vector<int> threads;
-    for (const auto& device : config.devices) {
-      double fastest = device.slowdown;
-      for (const auto& change : device.slowdownSchedule) fastest = std::min(fastest, change.factor);
-      duty.push_back(1.0 / fastest);
-      threads.push_back(int(device.threads));
-    }
-    return spawnLocalRanks(int(config.devices.size()), argv, packByDuty(duty, threads));
+    resolveTopology(config);  // a bad topology file fails here, before any rank starts
+    return superviseElastic(options, config, argv);
   }
-  if (context->worldSize != int(config.devices.size()))
-    throw ConfigError(str("the config lists ", config.devices.size(),
+  // The ranks of an elastic restart run on the surviving devices only, from the restart's
+  // checkpoint (set by the supervising hetra run, below).
+  train::RunConfig rankConfig = config;
+  // The file's islands and link costs become explicit keys, so that they can follow the devices.
+  const train::TopologyConfig topology = resolveTopology(config);
+  rankConfig.topology = topology;
+  RunOptions rankOptions = options;
+  const bool restarted = kElasticRestart.integer() > 0;
+  if (restarted) rankOptions.resumeDir = kElasticResume.str();
+  if (const std::string devices = kElasticDevices.str(); !devices.empty()) {
+    rankConfig.devices.clear();
+    rankConfig.topology.islands.clear();
+    size_t begin = 0;
+    while (begin <= devices.size()) {
+      const size_t comma = std::min(devices.find(',', begin), devices.size());
+      const std::string item = devices.substr(begin, comma - begin);
+      char* end = nullptr;
+      const long index = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != 0 || index < 0 || size_t(index) >= config.devices.size())
+        throw ConfigError(str(kElasticDevices.env(), "=", devices, ": '", item,
+                              "' is not an index of the config's ", config.devices.size(),
+                              " devices"));
+      rankConfig.devices.push_back(config.devices[size_t(index)]);
+      if (!topology.islands.empty())
+        rankConfig.topology.islands.push_back(topology.islands[size_t(index)]);
+      begin = comma + 1;
+    }
+  }
+  if (context->worldSize != int(rankConfig.devices.size()))
+    throw ConfigError(str("the config lists ", rankConfig.devices.size(),
                           " devices but HETRA_WORLD_SIZE is ", context->worldSize,
                           "; run one rank per [[devices]] entry"));
   log::setRank(context->rank);
+  // Tells a watching launcher how this rank ends: an error's message, or a clean exit.
+  const auto channel = RankChannel::fromEnvironment(context->rank);
+  try {
+    runRank(rankOptions, rankConfig, *context, restarted);
+  } catch (const std::exception& e) {
+    if (channel) channel->bye(dynamic_cast<const ConfigError*>(&e) ? 2 : 1, e.what());
+    throw;
+  }
+  if (channel) channel->bye(0, "");
+  return 0;
+}
+
+namespace {
+
+// [topology] with its file's islands and link costs turned into explicit keys (the config's own
+// keys win); ConfigError when the file cannot be read or does not describe this run's devices.
+train::TopologyConfig resolveTopology(const train::RunConfig& config) {
+  train::TopologyConfig topology = config.topology;
+  if (topology.file.empty()) return topology;
+  const comm::Topology measured = comm::readTopology(topology.file);
+  if (measured.ranks.size() != config.devices.size())
+    throw ConfigError(str("topology.file = \"", topology.file, "\" describes ",
+                          measured.ranks.size(), " ranks, the config has ", config.devices.size(),
+                          " devices; probe with one rank per device (hetra probe --links)"));
+  if (topology.islands.empty())
+    for (int island : comm::islandsOf(measured)) topology.islands.push_back(island);
+  const comm::LinkCosts costs = comm::linkCostsOf(measured);
+  if (topology.islandLink.empty()) topology.islandLink = costs.island;
+  if (topology.crossLink.empty()) topology.crossLink = costs.cross;
+  topology.file.clear();
+  return topology;
+}
+
+void runRank(const RunOptions& options, const train::RunConfig& config, const RankContext& context,
+             bool appendMetrics) {
   const Millis timeout(int64_t(config.comm.timeoutS * 1000));
   std::shared_ptr<void> server;
-  auto store = connectJobStore(*context, timeout, &server);
+  auto store = connectJobStore(context, timeout, &server);
   comm::GroupOptions group;
   group.transport = config.comm.transport;
   group.timeout = timeout;
-  auto comm = comm::Communicator::create(store, context->rank, context->worldSize, group);
+  group.listenAddress = listenAddressFor(context);
+  group.compression = comm::parseCompression(config.comm.compression);
+  group.compressionBlock = size_t(config.comm.compressionBlock);
+  group.compressionMinBytes = size_t(config.comm.compressionMinBytes);
+  // [topology] (already resolved: no file left): islands, algorithm, the cost model's links.
+  const train::TopologyConfig& topology = config.topology;
+  group.islands.assign(topology.islands.begin(), topology.islands.end());
+  group.algorithm = topology.algorithm == "auto" ? "" : topology.algorithm;  // "": HETRA_ALGO
+  group.islandLink = topology.islandLink;
+  group.crossLink = topology.crossLink;
+  const std::string& kind = config.devices[size_t(context.rank)].kind;
+  group.vendor = kind == "cuda" ? "nvidia" : kind == "rocm" ? "amd" : "cpu";
+  auto comm = comm::Communicator::create(store, context.rank, context.worldSize, group);
   train::TrainerOptions trainer;
   trainer.metricsPath = options.metricsPath;
   trainer.resumeDir = options.resumeDir;
-  trainer.progressBar = context->rank == 0 && isatty(STDOUT_FILENO);
+  trainer.appendMetrics = appendMetrics;
+  trainer.progressBar = context.rank == 0 && isatty(STDOUT_FILENO);
   train::train(config, comm, trainer);
   comm->barrier()->wait();
-  return 0;
 }
+
+// ---- Elastic restarts
+//
+// Vocabulary:
+//   attempt         one local job: the listed devices started together. The first attempt runs
+//                   every [[devices]] entry; each restart is an attempt without the devices that
+//                   failed so far.
+//   own checkpoint  a usable step-N directory under train.checkpoint_dir whose MANIFEST was
+//                   written after this `hetra run` started: a restart never continues another
+//                   run's leftovers in the same directory.
+// The optimisation does not depend on the number of devices: the global batch, the seed and the
+// sample order are global (GlobalSampler), and the gradient is the mean over the global batch for
+// any split. So a restart on fewer devices from step N's checkpoint continues the same run, up to
+// rounding; the balancer re-profiles the survivors (trainer.cc, resume).
+
+// How one attempt ended.
+struct AttemptEnd {
+  int code = 0;
+  RankWatch::Failure failure;
+};
+
+AttemptEnd runAttempt(const train::RunConfig& config, const std::vector<size_t>& devices,
+                      const std::vector<std::string>& argv) {
+  // Emulated devices are packed onto cores by duty cycle, so a slowed device's sleeps leave room
+  // for another and the fast device keeps a core to itself; the PyTorch peer (bench/) does the
+  // same.
+  std::vector<double> duty;
+  std::vector<int> threads;
+  for (size_t d : devices) {
+    const auto& device = config.devices[d];
+    double fastest = device.slowdown;
+    for (const auto& change : device.slowdownSchedule) fastest = std::min(fastest, change.factor);
+    duty.push_back(1.0 / fastest);
+    threads.push_back(int(device.threads));
+  }
+  // The watch forwards each rank's stderr, keeps its last lines and kills a rank that stops
+  // beating, so that its peers fail at once (PeerAbortedError naming it) instead of at their
+  // deadlines; the ranks find their pipes through HETRA_RANK_CHANNELS.
+  RankWatch::Options watchOptions;
+  watchOptions.hangTimeout = Millis(int64_t(kHangTimeout.number() * 1000));
+  if (watchOptions.hangTimeout.count() <= 0)
+    throw ConfigError(str(kHangTimeout.env(), " must be positive"));
+  RankWatch watch(int(devices.size()), watchOptions);
+  setenv("HETRA_RANK_CHANNELS", watch.environmentValue().c_str(), 1);
+  AttemptEnd end;
+  end.code = spawnLocalRanks(int(devices.size()), argv, packByDuty(duty, threads));
+  unsetenv("HETRA_RANK_CHANNELS");
+  watch.finish();
+  if (end.code != 0) end.failure = watch.firstFailure();
+  return end;
+}
+
+// The newest own checkpoint under `root` (see the vocabulary), or "" when there is none.
+std::string ownCheckpoint(const std::string& root, std::filesystem::file_time_type since) {
+  namespace fs = std::filesystem;
+  std::map<int64_t, fs::path, std::greater<>> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const int64_t step = train::checkpointStep(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory(ec)) steps[step] = entry.path();
+  }
+  for (const auto& [step, dir] : steps) {
+    const auto written = fs::last_write_time(dir / "MANIFEST", ec);
+    if (ec || written < since) continue;
+    const std::string why = train::checkCheckpoint(dir.string());
+    if (why.empty()) return dir.string();
+    HETRA_WARN("cli", "elastic: checkpoint ", dir.string(), " is unusable: ", why);
+  }
+  return "";
+}
+
+// The last step rank 0 recorded in the metrics file (records are flushed about once a second, so
+// the step the rank died at may be a little later), or -1.
+int64_t lastRecordedStep(const std::string& path) {
+  if (path.empty()) return -1;
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return -1;
+  // The tail is enough: a step record is well under 64 KiB.
+  const std::streamoff size = in.tellg();
+  in.seekg(std::max<std::streamoff>(0, size - 65536));
+  std::string line;
+  if (size > 65536) std::getline(in, line);  // a partial line
+  int64_t step = -1;
+  while (std::getline(in, line)) {
+    const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record.value("event", "") == "step" && record.contains("step"))
+      step = record["step"].get<int64_t>();
+  }
+  return step;
+}
+
+std::string namesOf(const train::RunConfig& config, const std::vector<size_t>& devices) {
+  std::string text;
+  for (size_t i = 0; i < devices.size(); ++i)
+    text += (i ? ", " : "") + config.devices[devices[i]].name;
+  return text;
+}
+
+// Runs the job and, with [elastic] max_restarts > 0, restarts it after a rank fails: the failed
+// rank's device is left out, the others resume from the newest own checkpoint.
+int superviseElastic(const RunOptions& options, const train::RunConfig& config,
+                     const std::vector<std::string>& argv) {
+  namespace fs = std::filesystem;
+  const auto& elastic = config.elastic;
+  // MANIFEST times come from the file system's clock: a little slack for its coarse ticks.
+  const auto started = fs::file_time_type::clock::now() - std::chrono::seconds(1);
+  std::vector<size_t> devices(config.devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) devices[i] = i;
+  std::string resume;  // "" on the first attempt: the ranks take --resume from their argv
+  for (int64_t restart = 0;; ++restart) {
+    setenv(kElasticRestart.env().c_str(), std::to_string(restart).c_str(), 1);
+    if (restart == 0) {
+      unsetenv(kElasticDevices.env().c_str());
+      unsetenv(kElasticResume.env().c_str());
+    } else {
+      std::string list;
+      for (size_t i = 0; i < devices.size(); ++i)
+        list += (i ? "," : "") + std::to_string(devices[i]);
+      setenv(kElasticDevices.env().c_str(), list.c_str(), 1);
+      setenv(kElasticResume.env().c_str(), resume.c_str(), 1);
+    }
+    const auto attemptStart = Clock::now();
+    const AttemptEnd end = runAttempt(config, devices, argv);
+    if (end.code == 0) return 0;
+    const double attemptSeconds = secondsSince(attemptStart);
+    const auto& failure = end.failure;
+
+    // Whether to restart, and if not, why not (said only when elastic restarts are on).
+    const bool stopped =
+        end.code == 128 + SIGINT || end.code == 128 + SIGTERM || end.code == 128 + SIGHUP;
+    std::string noRestart;
+    if (restart >= elastic.maxRestarts)
+      noRestart = str("no elastic restart left (elastic.max_restarts = ", elastic.maxRestarts, ")");
+    else if (failure.rank < 0 || size_t(failure.rank) >= devices.size())
+      noRestart = "no rank is known to have failed";
+    else if (stopped)
+      noRestart = "the run was stopped by a signal";
+    else if (end.code == 2)
+      noRestart = "a configuration error is no device failure: a restart would fail the same way";
+    else if (int64_t(devices.size()) - 1 < elastic.minDevices)
+      noRestart = str("only ", devices.size() - 1,
+                      " devices would remain (elastic.min_devices = ", elastic.minDevices, ")");
+    if (!noRestart.empty()) {
+      reportFailure(failure, end.code);
+      if (elastic.maxRestarts > 0) std::fprintf(stderr, "hetra run: %s\n", noRestart.c_str());
+      return end.code;
+    }
+
+    const size_t failed = devices[size_t(failure.rank)];
+    const std::string failedName = config.devices[failed].name;
+    reportFailure(failure, end.code, /*head=*/"");
+    devices.erase(devices.begin() + failure.rank);
+    const int64_t lastStep = lastRecordedStep(options.metricsPath);
+    const std::string own = ownCheckpoint(config.train.checkpointDir, started);
+    // Before this run's first checkpoint, a restart begins where the first attempt did.
+    resume = own.empty() ? options.resumeDir : own;
+    int64_t resumeStep = 0;
+    if (!resume.empty()) {
+      std::ifstream in(fs::path(train::findCheckpoint(resume)) / "state.json");
+      resumeStep = nlohmann::json::parse(in).at("step").get<int64_t>();
+    }
+    const std::string from = resume.empty() ? std::string("from the start (no checkpoint yet)")
+                                            : str("from checkpoint ", resume);
+    std::fprintf(stderr,
+                 "hetra run: rank %d (device %s) %s%s; restarting with %zu device%s (%s) %s "
+                 "(restart %lld of %lld)\n",
+                 failure.rank, failedName.c_str(), end.code > 128 ? "died" : "failed",
+                 lastStep >= 0 ? str(" at step ~", lastStep).c_str() : "", devices.size(),
+                 devices.size() == 1 ? "" : "s", namesOf(config, devices).c_str(), from.c_str(),
+                 (long long)(restart + 1), (long long)elastic.maxRestarts);
+    if (!options.metricsPath.empty()) {
+      std::vector<std::string> names;
+      for (size_t d : devices) names.push_back(config.devices[d].name);
+      const nlohmann::json record = {{"event", "restart"},
+                                     {"restart", restart + 1},
+                                     {"max_restarts", elastic.maxRestarts},
+                                     {"failed_rank", failure.rank},
+                                     {"failed_device", failedName},
+                                     {"how", failure.how},
+                                     {"exit_status", end.code},
+                                     {"last_step", lastStep},
+                                     {"resume_step", resumeStep},
+                                     {"checkpoint", resume},
+                                     {"devices", names},
+                                     {"attempt_s", attemptSeconds}};
+      std::ofstream out(options.metricsPath, std::ios::app);
+      out << record.dump() << "\n";
+      if (!out) HETRA_WARN("cli", "cannot append the restart record to ", options.metricsPath);
+    }
+  }
+}
+
+}  // namespace
 
 }  // namespace hetra::cli
