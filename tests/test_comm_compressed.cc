@@ -171,10 +171,11 @@ TEST(CompressedCollectives, AvgReduceScatterAndAllgatherWithUnevenBlocks) {
 
     std::vector<float> mine(counts[r] + 1, -7.0f);
     comm->reduceScatter(inputs[r].data(), mine.data(), counts, DType::F32, ReduceOp::Avg)->wait();
+    double scale = 0;
+    for (int q = 0; q < n; ++q) scale += maxAbs(inputs[q]) / n;
     for (size_t i = 0; i < counts[r]; ++i) {
-      double exact = 0, scale = 0;
+      double exact = 0;
       for (int q = 0; q < n; ++q) exact += inputs[q][offset + i] / n;
-      for (int q = 0; q < n; ++q) scale += maxAbs(inputs[q]) / n;
       ASSERT_NEAR(mine[i], exact, u * scale + 1e-6) << "rank " << r << " element " << i;
     }
     EXPECT_EQ(mine[counts[r]], -7.0f) << "reduce-scatter wrote past its block";

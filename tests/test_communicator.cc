@@ -147,5 +147,20 @@ TEST(Communicator, WaitTimesOutWhileAPeerIsMissing) {
   for (auto& e : errors) EXPECT_EQ(e, nullptr);
 }
 
+#ifndef HETRA_WITH_MPI
+TEST(Communicator, MpiTransportNeedsAnMpiBuild) {
+  auto store = std::make_shared<store::MemoryStore>();
+  GroupOptions options;
+  options.transport = "mpi";
+  try {
+    Communicator::create(store, 0, 1, options);
+    FAIL() << "transport mpi was accepted by a build without MPI";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not built with MPI support"), std::string::npos)
+        << e.what();
+  }
+}
+#endif
+
 }  // namespace
 }  // namespace hetra::comm

@@ -79,8 +79,8 @@ class CommunicatorImpl : public Communicator,
     algo_ = options_.algorithm.empty() ? kAlgo.str() : options_.algorithm;
     const std::string& algo = algo_;
     if (algo != "auto" && algo != "ring" && algo != "shared" && algo != "hierarchical")
-      throw ConfigError(str("HETRA_ALGO='", algo,
-                            "' is not allowed; allowed: auto, ring, shared, hierarchical"));
+      throw ConfigError(
+          str("HETRA_ALGO='", algo, "' is not allowed; allowed: auto, ring, shared, hierarchical"));
     useShared_ = transport_->sharedArena() != nullptr && algo != "ring";
     if (algo == "shared" && !transport_->sharedArena())
       throw ConfigError(
@@ -296,8 +296,9 @@ class CommunicatorImpl : public Communicator,
           str("transport '", choice, "' is not allowed; allowed: auto, shm, tcp, mpi"));
 #ifndef HETRA_WITH_MPI
     if (choice == "mpi")
-      throw ConfigError("transport 'mpi': this hetra was not built with MPI support "
-                        "(configure with -DHETRA_WITH_MPI=ON)");
+      throw ConfigError(
+          "transport 'mpi': this hetra was not built with MPI support "
+          "(configure with -DHETRA_WITH_MPI=ON)");
 #endif
     // Every rank publishes its host identity; the group is local when all are equal.
     const std::string mine = hostIdentity();
@@ -389,7 +390,7 @@ class CommunicatorImpl : public Communicator,
     }();
     if (islands < 2 || largest < 2) return nullptr;  // nothing to gain: the flat ring is it
     HETRA_INFO("comm", "hierarchy: ", islands, " islands (largest ", largest,
-                     " ranks), compression between them: ", compressionName(options_.compression));
+               " ranks), compression between them: ", compressionName(options_.compression));
     GroupOptions inside = options_, across = options_;
     inside.islands.clear();
     across.islands.clear();
@@ -495,8 +496,8 @@ class CommunicatorImpl : public Communicator,
   std::string algo_;
   bool useShared_ = false;
   std::unique_ptr<Hierarchy> hierarchy_;  // null for a group of one island
-  std::unique_ptr<Codec> codec_;  // null without compression
-  uint64_t seq_ = 0;  // touched only by the progress thread
+  std::unique_ptr<Codec> codec_;          // null without compression
+  uint64_t seq_ = 0;                      // touched only by the progress thread
   int splits_ = 0;
 
   static constexpr int kWaitSpinUs = 50;

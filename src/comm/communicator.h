@@ -33,6 +33,8 @@ struct GroupOptions {
   std::string listenAddress;
   // Bytes on the wire of float32 sum/avg allreduce, reduce-scatter and allgather
   // (algorithms/compressed.h): chosen per group, so a hierarchy can compress only its slow level.
+  // Float32 data that must arrive exact goes through such a group under another dtype (e.g. as
+  // bytes, DType::U8), or through a group without compression.
   Compression compression = Compression::None;
   size_t compressionBlock = 256;  // FP8: elements per fp32 scale
   // Smaller buffers stay float32: their cost is latency, not bytes.
@@ -44,6 +46,11 @@ struct GroupOptions {
   // level between islands.
   std::vector<int> islands;
   std::string vendor = "cpu";  // cpu, nvidia, amd: ranks of one host but different vendors
+  // The hierarchy's cost model: "LATENCY,BANDWIDTH" inside islands and between them (such as
+  // "5us,5GB/s"; comm::parseLinkCost), e.g. measured by `hetra probe --links`; "" follows
+  // HETRA_ISLAND_LINK / HETRA_CROSS_LINK.
+  std::string islandLink;
+  std::string crossLink;
 };
 
 class Work {

@@ -75,6 +75,11 @@ Hierarchy::Hierarchy(Communicator& world, const std::vector<int>& islandOf,
                      const GroupOptions& islandOptions, const GroupOptions& crossOptions)
     : worldSize_(world.size()) {
   HETRA_ENFORCE_EQ(islandOf.size(), size_t(worldSize_), "one island per rank");
+  // Parsed before any group forms: a bad cost string fails on every rank alike, at once.
+  islandCost_ =
+      parseLinkCost(crossOptions.islandLink.empty() ? kIslandLink.str() : crossOptions.islandLink);
+  crossCost_ =
+      parseLinkCost(crossOptions.crossLink.empty() ? kCrossLink.str() : crossOptions.crossLink);
   const int me = world.rank();
   islandCount_ = *std::max_element(islandOf.begin(), islandOf.end()) + 1;
   std::vector<int> sizes(islandCount_, 0);
@@ -140,15 +145,14 @@ uint64_t Hierarchy::bytesReceived() const {
 }
 
 double Hierarchy::flatSeconds(size_t bytes) const {
-  const LinkCost cross = parseLinkCost(kCrossLink.str());
+  const LinkCost& cross = crossCost_;
   const double n = worldSize_;
   return 2 * (n - 1) * cross.latencySeconds +
          2 * (n - 1) / n * double(bytes) / cross.bytesPerSecond;
 }
 
 double Hierarchy::hierarchicalSeconds(size_t bytes) const {
-  const LinkCost island = parseLinkCost(kIslandLink.str());
-  const LinkCost cross = parseLinkCost(kCrossLink.str());
+  const LinkCost &island = islandCost_, &cross = crossCost_;
   const double S = shards_, I = islandCount_;
   // Inside: reduce-scatter plus allgather over the largest island. Across: every island's link
   // carries all its ranks' shards, 2 (I-1)/I of the buffer in all, encoded.

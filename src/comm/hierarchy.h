@@ -36,7 +36,8 @@ class Hierarchy {
   void allreduce(const AllreduceArgs& args);
 
   // Predicted seconds of a flat ring and of this hierarchy for `bytes`, from the levels' costs
-  // (HETRA_ISLAND_LINK, HETRA_CROSS_LINK) and the cross level's compression ratio.
+  // (GroupOptions::islandLink and crossLink of the cross options, else HETRA_ISLAND_LINK and
+  // HETRA_CROSS_LINK, read at construction) and the cross level's compression ratio.
   double flatSeconds(size_t bytes) const;
   double hierarchicalSeconds(size_t bytes) const;
 
@@ -58,6 +59,8 @@ class Hierarchy {
   int localRank_ = 0;           // l
   double crossRatio_ = 1;       // wire bytes per float32 byte on the cross level
   std::vector<uint8_t> shard_;  // this rank's reduced shards between the phases
+  // The cost model's levels, parsed once (flatSeconds runs before every allreduce).
+  LinkCost islandCost_, crossCost_;
 };
 
 // Parses "LATENCY,BANDWIDTH" such as "5us,5GB/s" or "50us,1gbit"; throws ConfigError naming it.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/cpu_features.h"
 #include "common/errors.h"
 
 namespace hetra::comm {
@@ -67,7 +68,7 @@ HETRA_CLONES void reduceFloat(ReduceOp op, T* dst, const T* a, const T* b, size_
 constexpr size_t kBlock = 512;
 
 bool hasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+  static const bool has = cpuHasF16c() && __builtin_cpu_supports("avx2");
   return has;
 }
 

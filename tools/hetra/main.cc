@@ -12,6 +12,7 @@
 #include "device/probe.h"
 #include "launch.h"
 #include "launch_command.h"
+#include "probe_links.h"
 #ifdef HETRA_WITH_TORCH
 #include "run_command.h"
 #endif
@@ -42,8 +43,9 @@ void addBenchCommand(CLI::App& app, cli::BenchOptions& o, int& np, bool& noCheck
   bench->add_flag("--no-check", noCheck, "Same as -c 0");
   bench->add_option("--dtype,-d", dtype, "float32 float64 float16 bfloat16 int32 int64 uint8");
   bench->add_option("--op,-o", op, "sum avg min max");
-  bench->add_option("--compression", o.compression,
-                    "Bytes on the wire: none | fp16 | bf16 | fp8-e4m3 | fp8-e5m2 (float32 sum/avg)")
+  bench
+      ->add_option("--compression", o.compression,
+                   "Bytes on the wire: none | fp16 | bf16 | fp8-e4m3 | fp8-e5m2 (float32 sum/avg)")
       ->capture_default_str();
   bench->add_option("--transport", o.transport, "shm | tcp | mpi (under mpirun) | auto")
       ->check(CLI::IsMember({"auto", "shm", "tcp", "mpi"}));
@@ -76,8 +78,11 @@ int main(int argc, char** argv) {
   std::string minSize = "8", maxSize = "64M", dtype = "float32", op = "sum";
   addBenchCommand(app, bench, np, noCheck, minSize, maxSize, dtype, op);
   bool probeJson = false;
-  auto* probe = app.add_subcommand("probe", "Show this host's CPU, memory and GPUs");
+  auto* probe = app.add_subcommand(
+      "probe", "Show this host's CPU, memory and GPUs; with --links, the links between ranks");
   probe->add_flag("--json", probeJson, "Print JSON");
+  cli::ProbeLinksOptions probeLinks;
+  cli::addProbeLinksOptions(*probe, probeLinks);
   auto* params = app.add_subcommand("params", "List every HETRA_* parameter with its default");
   auto* launch = cli::addLaunchCommand(app);
 #ifdef HETRA_WITH_TORCH
@@ -100,6 +105,10 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (probe->parsed() && probeLinks.links) {
+      probeLinks.json = probeJson;
+      return cli::runProbeLinks(probeLinks, std::vector<std::string>(argv, argv + argc));
+    }
     if (probe->parsed()) return runProbe(probeJson);
     if (params->parsed()) return runParams();
     if (launch->parsed()) return cli::runLaunchCommand(*launch);

@@ -13,6 +13,7 @@
 // functions compiled without AVX (what -Wpsabi warns about) never applies.
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include "comm/codec/elements.h"
+#include "common/cpu_features.h"
 #include "common/errors.h"
 #include "common/params.h"
 
@@ -401,7 +402,7 @@ bool codecIsaSupported(CodecIsa isa) {
       return true;
 #if HETRA_CODEC_X86
     case CodecIsa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && cpuHasF16c();
     case CodecIsa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && codecIsaSupported(CodecIsa::Avx2);

@@ -1,0 +1,1063 @@
+// MPI transport: hetra's point-to-point messages over an MPI communicator (Open MPI).
+//
+// Vocabulary:
+//   communicator - the group's MPI communicator: MPI_Comm_create_group over the MPI world ranks of
+//                  the group's ranks in hetra rank order, so its MPI rank is the hetra rank. It is
+//                  collective over the group only (MPI_Comm_split would be collective over
+//                  MPI_COMM_WORLD, which a hetra sub-group cannot promise).
+//   envelope     - a small MPI message on the reserved MPI tag 0 announcing one hetra message: its
+//                  type (data, abort, close), group id, hetra tag, size and first data sequence
+//                  number. A message of at most kInlineBytes travels inside its envelope.
+//   inbox        - per peer, the one posted MPI receive for that peer's next envelope.
+//   data chunk   - the payload of a larger message, cut into chunks of at most kChunkBytes (MPI
+//                  counts are int); each chunk has its own sequence number.
+//   seq          - per ordered pair of ranks, the sender numbers its data chunks 0, 1, 2, ...;
+//   chunk
+//                  seq travels on MPI tag 1 + (base + seq) mod tagUb, where base is derived from
+//                  the group id and the pair.
+//
+// Tags. Hetra tags are 64-bit; MPI tags are int and MPI_TAG_UB may be as low as 32767, so hetra
+// tags cannot be MPI tags. Envelopes carry them instead: MPI does not let messages of one source,
+// tag and communicator overtake each other, so a peer's envelopes arrive in send order, and the
+// k-th receive posted for (peer, tag) takes the k-th envelope of that tag (per-tag FIFO, the
+// Transport contract). Only then does the receiver post MPI receives for the envelope's data
+// chunks, straight into the caller's buffer: we never copy a payload; MPI keeps an early data chunk
+// (eager) or leaves it at the sender until the receive is posted (rendezvous). A chunk's MPI tag is
+// unique among the chunks in flight between a pair while fewer than tagUb of them are outstanding,
+// which the receiver checks before posting (Open MPI's tagUb is 2^31-1). Messages that arrive
+// before their receive is posted cost one envelope each (at most kEnvelopeBytes; inline payloads
+// are copied once).
+//
+// Freeing a communicator. A message sent to a communicator its receiver already freed can reach a
+// later communicator that reuses the context id (Open MPI 4.1.4 crashed in mca_pml_ob1_add_comm on
+// exactly that in our tests). So a destroyed transport frees its communicator only once every
+// peer's Close arrived (Close is a rank's last message on it): its destructor waits kCloseWait for
+// them, then parks the communicator, and the next createMpiTransport frees parked ones whose peers
+// all closed. A failed group's communicator is never freed (its peers may still send). As a second
+// line, envelopes carry the group id (random, from the store) and foreign ones are dropped, and
+// the per-pair base of the data tags keeps stale chunks away from a new group's tags.
+//
+// Progress. MPI progresses only inside MPI calls. Request::wait polls (MPI_Test) the inboxes and
+// its own MPI requests until done or its deadline: it spins, then yields, then sleeps in short
+// slices. It never calls MPI_Wait, which has no deadline. One mutex guards the transport's state
+// and its MPI calls; MPI itself runs at MPI_THREAD_MULTIPLE so several groups progress
+// independently.
+//
+// Failure model (as tcp). The first fault a rank sees (a timeout, a mismatched size, an MPI error,
+// abort(), a request destroyed while pending) is latched: the rank sends an Abort envelope (culprit
+// and reason) to every peer and wakes its local waiters; a peer that reads it fails with the
+// original culprit and forwards it. A rank that destroys its transport cleanly sends Close, so a
+// peer's receive that can no longer be matched fails with PeerAbortedError naming it. MPI errors
+// are returned (MPI_ERRORS_RETURN on our communicators) and become PeerAbortedError naming the peer
+// of the failed request, or IoError when no peer is involved. We never call MPI_Abort: it ends
+// every process of the MPI job, not only this group; it remains the application's last resort. Open
+// MPI without ULFM cannot survive a dead process: mpirun ends the job, so that case never reaches
+// us.
+#include "comm/transport/mpi_transport.h"
+
+// The C API only: MPI's deprecated C++ bindings would need their own library.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/errors.h"
+#include "common/logging.h"
+
+namespace hetra::comm {
+
+namespace {
+
+constexpr uint32_t kEnvelopeMagic = 0x314d5448;  // "HTM1" on the wire
+constexpr size_t kEnvelopeHeaderBytes = 40;
+// Messages up to this size travel inside their envelope: one MPI message instead of two.
+constexpr size_t kInlineBytes = 4096;
+constexpr size_t kEnvelopeBytes = kEnvelopeHeaderBytes + kInlineBytes;
+constexpr int kEnvelopeTag = 0;
+constexpr size_t kChunkBytes = size_t(1) << 30;
+// A larger size is a corrupt envelope.
+constexpr uint64_t kMaxMessageBytes = uint64_t(1) << 40;
+// A send to a peer that closed its transport fails if it has not completed this long after the
+// Close arrived (the data may still be draining when the Close overtakes the local completion).
+constexpr Millis kCloseGrace{500};
+// How long a destructor waits for cancelled or abandoned MPI requests, over all of them.
+constexpr Millis kReleaseGrace{250};
+// How long a destructor waits for its peers' Close before leaving its communicator to the reaper.
+constexpr Millis kCloseWait{50};
+// Poll schedule of a wait: spin, then yield the core, then sleep in slices.
+constexpr auto kSpinFor = std::chrono::microseconds(50);
+constexpr auto kYieldFor = std::chrono::milliseconds(20);
+constexpr auto kSleepSlice = std::chrono::microseconds(100);
+
+enum class EnvelopeType : uint16_t { Data = 1, Abort = 2, Close = 3 };
+
+// The envelope's header (40 bytes, little-endian): magic (u32), type (u16), zero (u16), group id
+// (u64), seq (u64; for Abort the culprit rank), hetra tag (u64), payload bytes (u64). An inline
+// data payload or an abort reason follows.
+struct Envelope {
+  EnvelopeType type = EnvelopeType::Data;
+  uint64_t group = 0;
+  uint64_t seq = 0;
+  uint64_t tag = 0;
+  uint64_t bytes = 0;
+};
+
+void storeU16(uint8_t* p, uint16_t v) {
+  p[0] = uint8_t(v);
+  p[1] = uint8_t(v >> 8);
+}
+void storeU32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i));
+}
+void storeU64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = uint8_t(v >> (8 * i));
+}
+uint16_t loadU16(const uint8_t* p) {
+  return uint16_t(p[0] | p[1] << 8);
+}
+uint32_t loadU32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+uint64_t loadU64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t(p[i]) << (8 * i);
+  return v;
+}
+
+bool isInline(const Envelope& e) {
+  return e.type == EnvelopeType::Abort || (e.type == EnvelopeType::Data && e.bytes <= kInlineBytes);
+}
+
+std::vector<uint8_t> encodeEnvelope(const Envelope& e, const void* payload) {
+  const size_t extra = isInline(e) ? size_t(e.bytes) : 0;
+  std::vector<uint8_t> out(kEnvelopeHeaderBytes + extra, 0);
+  storeU32(out.data(), kEnvelopeMagic);
+  storeU16(out.data() + 4, uint16_t(e.type));
+  storeU64(out.data() + 8, e.group);
+  storeU64(out.data() + 16, e.seq);
+  storeU64(out.data() + 24, e.tag);
+  storeU64(out.data() + 32, e.bytes);
+  if (extra) std::memcpy(out.data() + kEnvelopeHeaderBytes, payload, extra);
+  return out;
+}
+
+// "" and `out` filled, or what is wrong with the `size` bytes received.
+std::string decodeEnvelope(const uint8_t* p, size_t size, Envelope& out) {
+  if (size < kEnvelopeHeaderBytes)
+    return str("an envelope needs ", kEnvelopeHeaderBytes, " bytes, got ", size);
+  if (loadU32(p) != kEnvelopeMagic) return str("bad envelope magic 0x", std::hex, loadU32(p));
+  const uint16_t type = loadU16(p + 4);
+  if (type < uint16_t(EnvelopeType::Data) || type > uint16_t(EnvelopeType::Close))
+    return str("unknown envelope type ", type);
+  if (loadU16(p + 6) != 0) return "non-zero padding in an envelope";
+  out.type = EnvelopeType(type);
+  out.group = loadU64(p + 8);
+  out.seq = loadU64(p + 16);
+  out.tag = loadU64(p + 24);
+  out.bytes = loadU64(p + 32);
+  if (isInline(out) && out.bytes > kInlineBytes)
+    return str("an abort envelope announces ", out.bytes, " bytes, more than ", kInlineBytes);
+  if (out.bytes > kMaxMessageBytes)
+    return str("an envelope announces ", out.bytes, " bytes, more than ", kMaxMessageBytes);
+  const size_t expected = kEnvelopeHeaderBytes + (isInline(out) ? size_t(out.bytes) : 0);
+  if (size != expected)
+    return str("an envelope of ", size, " bytes announces ", out.bytes, " payload bytes");
+  return "";
+}
+
+std::string mpiErrorText(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return str("MPI error code ", code);
+  return std::string(text, size_t(length));
+}
+
+std::string hostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+const char* threadLevelName(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "an unknown level";
+  }
+}
+
+// Buffers of MPI requests that did not complete in time and were freed with MPI_Request_free:
+// MPI may still use them, so they live until the process ends.
+void leak(std::vector<uint8_t>&& buffer) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::vector<uint8_t>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(buffer));
+}
+
+// --- the process-wide MPI runtime ---
+
+std::mutex gRuntimeMutex;
+std::optional<MpiProcess> gProcess;
+int gTagUb = 32767;
+
+void finalizeAtExit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::string jobIdentity() {
+  if (const char* ns = std::getenv("PMIX_NAMESPACE"); ns && *ns) return str("pmix:", ns);
+  if (const char* id = std::getenv("OMPI_MCA_ess_base_jobid"); id && *id) return str("ompi:", id);
+  return str("singleton:", hostName(), ":", getpid());
+}
+
+}  // namespace
+
+MpiProcess initMpi() {
+  std::lock_guard<std::mutex> lock(gRuntimeMutex);
+  if (gProcess) return *gProcess;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) throw ConfigError("mpi transport: MPI was already finalised in this process");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized) {
+    // The application owns MPI: it initialised it and finalises it.
+    MPI_Query_thread(&provided);
+  } else {
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS)
+      throw IoError(str("mpi transport: MPI_Init_thread failed (code ", rc, ")"));
+    std::atexit(finalizeAtExit);
+    // Our calls on MPI_COMM_WORLD (creating group communicators) report errors instead of ending
+    // the job; each group communicator gets the same handler below.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  if (provided < MPI_THREAD_MULTIPLE)
+    throw ConfigError(str("mpi transport: the MPI library provides ", threadLevelName(provided),
+                          "; hetra needs MPI_THREAD_MULTIPLE (a communicator's progress thread and "
+                          "its callers use MPI at once). Use an MPI built with thread support, or "
+                          "initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)"));
+  MpiProcess process;
+  MPI_Comm_rank(MPI_COMM_WORLD, &process.worldRank);
+  MPI_Comm_size(MPI_COMM_WORLD, &process.worldSize);
+  process.job = jobIdentity();
+  int* tagUb = nullptr;
+  int found = 0;
+  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tagUb, &found) == MPI_SUCCESS && found &&
+      tagUb)
+    gTagUb = std::max(32767, *tagUb);
+  HETRA_DEBUG("comm", "mpi: initialised, world rank ", process.worldRank, " of ", process.worldSize,
+              ", job ", process.job, ", tag upper bound ", gTagUb);
+  gProcess = process;
+  return process;
+}
+
+namespace {
+
+class MpiTransport;
+
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MpiTransport& transport, bool isSend, int peer, uint64_t tag, uint8_t* data,
+             size_t bytes)
+      : transport_(transport),
+        isSend_(isSend),
+        peer_(peer),
+        tag_(tag),
+        data_(data),
+        bytes_(bytes) {}
+  ~MpiRequest() override;
+  void wait(Deadline deadline) override;
+  std::string describe() const;
+
+ private:
+  friend class MpiTransport;
+  MpiTransport& transport_;
+  const bool isSend_;
+  const int peer_;
+  const uint64_t tag_;
+  uint8_t* const data_;
+  const size_t bytes_;
+  // Guarded by the transport's mutex.
+  std::vector<MPI_Request> mpi_;    // sends: envelope then data chunks; receives: data chunks
+  std::vector<size_t> chunkBytes_;  // receives: the expected size of each data chunk
+  std::vector<uint8_t> envelope_;   // sends: the envelope, alive until its MPI send completes
+  bool matched_ = false;            // its MPI requests are posted (sends: at once)
+  bool queued_ = false;             // a receive waiting for its envelope
+  bool done_ = false;
+};
+
+// An envelope that arrived before its receive was posted.
+struct Arrived {
+  uint64_t seq = 0;
+  uint64_t bytes = 0;
+  bool inlined = false;
+  std::vector<uint8_t> payload;  // inline payloads only
+};
+
+// An MPI send nobody waits for (abort and close envelopes), with its buffer.
+struct Orphan {
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<uint8_t> buffer;
+};
+
+struct Peer {
+  std::vector<uint8_t> inbox;
+  MPI_Request inboxRequest = MPI_REQUEST_NULL;
+  uint64_t sendSeq = 0;  // next data chunk to this peer
+  uint64_t sendBase = 0;
+  uint64_t recvBase = 0;
+  std::unordered_map<uint64_t, std::deque<MpiRequest*>> posted;
+  std::unordered_map<uint64_t, std::deque<Arrived>> arrived;
+  std::set<uint64_t> pendingSeqs;  // first seq of arrived data envelopes not yet received
+  bool closed = false;
+  Clock::time_point closedAt;
+};
+
+// The communicator of a destroyed transport, kept until every peer's Close arrived.
+struct Parked {
+  struct Inbox {
+    int peer = -1;
+    std::vector<uint8_t> buffer;
+    MPI_Request request = MPI_REQUEST_NULL;
+    bool closed = false;
+  };
+  MPI_Comm comm = MPI_COMM_NULL;
+  uint64_t group = 0;
+  bool failed = false;
+  std::vector<Inbox> inboxes;  // peers whose Close has not arrived yet
+  std::vector<Orphan> orphans;
+};
+
+std::mutex gParkedMutex;
+std::vector<Parked> gParked;
+void park(Parked&& parked);
+void reapLocked();
+
+uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+class MpiTransport final : public Transport {
+ public:
+  MpiTransport(MPI_Comm comm, int rank, int size, uint64_t group, std::vector<std::string> hosts)
+      : comm_(comm),
+        rank_(rank),
+        size_(size),
+        group_(group),
+        tagRange_(uint64_t(gTagUb)),
+        hosts_(std::move(hosts)),
+        peers_(size_t(size)) {
+    for (int peer = 0; peer < size_; ++peer) {
+      Peer& p = peers_[size_t(peer)];
+      p.sendBase = pairBase(rank_, peer);
+      p.recvBase = pairBase(peer, rank_);
+    }
+  }
+  ~MpiTransport() override;
+
+  // Posts the inboxes; the caller then hands the transport out.
+  void start();
+
+  const char* name() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
+  std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
+  void abort(const std::string& reason) override {
+    const std::string message = str(who(rank_), " aborted the group: ", reason);
+    std::lock_guard<std::mutex> lock(mutex_);
+    failLocked(std::make_exception_ptr(PeerAbortedError(rank_, message)), rank_, message);
+  }
+  uint64_t bytesSent() const override { return sent_.load(std::memory_order_relaxed); }
+  uint64_t bytesReceived() const override { return received_.load(std::memory_order_relaxed); }
+
+  std::string who(int peer) const { return str("rank ", peer, " (", hosts_[size_t(peer)], ")"); }
+
+  // --- used by MpiRequest ---
+  void wait(MpiRequest& request, Deadline deadline);
+  void release(MpiRequest& request);
+
+ private:
+  uint64_t pairBase(int from, int to) const {
+    return mix(group_ ^ mix(uint64_t(from) << 32 | uint64_t(uint32_t(to))));
+  }
+  int dataTag(uint64_t base, uint64_t seq) const { return int(1 + (base + seq) % tagRange_); }
+  static size_t chunksOf(size_t bytes) { return (bytes + kChunkBytes - 1) / kChunkBytes; }
+
+  // The caller holds mutex_.
+  void postInbox(int peer);
+  void pollInboxes();
+  void handleEnvelope(int peer, size_t size);
+  void match(MpiRequest& request, uint64_t seq, uint64_t bytes, const uint8_t* inlinePayload);
+  void test(MpiRequest& request);
+  void complete(MpiRequest& request);
+  void checkClosed(int peer);
+  void sendOrphan(int peer, const Envelope& envelope, const std::string& payload);
+  void testOrphans();
+  std::exception_ptr failLocked(std::exception_ptr error, int culprit, const std::string& message);
+  // An MPI call failed: PeerAbortedError naming `peer`, or IoError when peer < 0.
+  std::exception_ptr failMpi(int peer, int code, const std::string& what);
+
+  MPI_Comm comm_;
+  const int rank_;
+  const int size_;
+  const uint64_t group_;
+  const uint64_t tagRange_;
+  const std::vector<std::string> hosts_;
+  std::atomic<uint64_t> sent_{0};
+  std::atomic<uint64_t> received_{0};
+
+  std::mutex mutex_;
+  std::vector<Peer> peers_;
+  std::vector<Orphan> orphans_;
+  std::exception_ptr failure_;
+  std::optional<Deadline> releaseUntil_;  // the shared grace for abandoned MPI requests
+  bool closing_ = false;                  // Close was sent (or the group failed): send nothing more
+};
+
+// --- MpiRequest ---
+
+std::string MpiRequest::describe() const {
+  return str(isSend_ ? "send of " : "receive of ", bytes_, " bytes ", isSend_ ? "to " : "from ",
+             transport_.who(peer_), " (tag ", tag_, ")");
+}
+
+void MpiRequest::wait(Deadline deadline) {
+  transport_.wait(*this, deadline);
+}
+
+MpiRequest::~MpiRequest() {
+  transport_.release(*this);
+}
+
+// --- MpiTransport ---
+
+void MpiTransport::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    peers_[size_t(peer)].inbox.resize(kEnvelopeBytes);
+    postInbox(peer);
+    if (failure_) std::rethrow_exception(failure_);
+  }
+}
+
+void MpiTransport::postInbox(int peer) {
+  Peer& p = peers_[size_t(peer)];
+  const int rc = MPI_Irecv(p.inbox.data(), int(kEnvelopeBytes), MPI_BYTE, peer, kEnvelopeTag, comm_,
+                           &p.inboxRequest);
+  if (rc != MPI_SUCCESS) failMpi(peer, rc, str("posting the envelope receive from ", who(peer)));
+}
+
+std::unique_ptr<Request> MpiTransport::isend(int peer, uint64_t tag, const void* data,
+                                             size_t bytes) {
+  HETRA_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "mpi: peer ", peer,
+                " is not another rank of this group of ", size_, " (this is rank ", rank_, ")");
+  HETRA_ENFORCE(data != nullptr || bytes == 0, "mpi: null buffer for ", bytes, " bytes");
+  auto request = std::make_unique<MpiRequest>(
+      *this, true, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failure_) std::rethrow_exception(failure_);
+  Peer& p = peers_[size_t(peer)];
+  Envelope e;
+  e.type = EnvelopeType::Data;
+  e.group = group_;
+  e.tag = tag;
+  e.bytes = bytes;
+  const bool inlined = isInline(e);
+  if (!inlined) {
+    e.seq = p.sendSeq;
+    p.sendSeq += chunksOf(bytes);
+  }
+  request->envelope_ = encodeEnvelope(e, data);
+  request->matched_ = true;
+  MPI_Request mpi = MPI_REQUEST_NULL;
+  int rc = MPI_Isend(request->envelope_.data(), int(request->envelope_.size()), MPI_BYTE, peer,
+                     kEnvelopeTag, comm_, &mpi);
+  if (rc != MPI_SUCCESS)
+    std::rethrow_exception(failMpi(peer, rc, str("starting the ", request->describe())));
+  request->mpi_.push_back(mpi);
+  for (size_t offset = 0, chunk = 0; !inlined && offset < bytes; offset += kChunkBytes, ++chunk) {
+    const size_t length = std::min(kChunkBytes, bytes - offset);
+    rc = MPI_Isend(request->data_ + offset, int(length), MPI_BYTE, peer,
+                   dataTag(p.sendBase, e.seq + chunk), comm_, &mpi);
+    if (rc != MPI_SUCCESS)
+      std::rethrow_exception(failMpi(peer, rc, str("starting the ", request->describe())));
+    request->mpi_.push_back(mpi);
+  }
+  return request;
+}
+
+std::unique_ptr<Request> MpiTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
+  HETRA_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "mpi: peer ", peer,
+                " is not another rank of this group of ", size_, " (this is rank ", rank_, ")");
+  HETRA_ENFORCE(data != nullptr || bytes == 0, "mpi: null buffer for ", bytes, " bytes");
+  auto request =
+      std::make_unique<MpiRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failure_) std::rethrow_exception(failure_);
+  Peer& p = peers_[size_t(peer)];
+  if (auto found = p.arrived.find(tag); found != p.arrived.end() && !found->second.empty()) {
+    // The oldest envelope of this tag arrived first: it is this receive's.
+    Arrived message = std::move(found->second.front());
+    found->second.pop_front();
+    if (found->second.empty()) p.arrived.erase(found);
+    if (!message.inlined) p.pendingSeqs.erase(message.seq);
+    match(*request, message.seq, message.bytes, message.inlined ? message.payload.data() : nullptr);
+  } else {
+    p.posted[tag].push_back(request.get());
+    request->queued_ = true;
+    checkClosed(peer);
+  }
+  if (failure_) std::rethrow_exception(failure_);
+  return request;
+}
+
+void MpiTransport::match(MpiRequest& request, uint64_t seq, uint64_t bytes,
+                         const uint8_t* inlinePayload) {
+  const int peer = request.peer_;
+  if (bytes != request.bytes_) {
+    const std::string message =
+        str("mpi: ", who(peer), " sent a message of ", bytes, " bytes with tag ", request.tag_,
+            " but rank ", rank_, " posted a receive of ", request.bytes_, " bytes for it");
+    failLocked(std::make_exception_ptr(MismatchError(message)), rank_, message);
+    return;
+  }
+  request.matched_ = true;
+  if (bytes <= kInlineBytes) {
+    if (bytes) std::memcpy(request.data_, inlinePayload, bytes);
+    complete(request);
+    return;
+  }
+  Peer& p = peers_[size_t(peer)];
+  const uint64_t last = seq + chunksOf(bytes) - 1;
+  // An older chunk not yet received whose tag this message's chunks would repeat.
+  if (!p.pendingSeqs.empty() && *p.pendingSeqs.begin() < seq &&
+      last - *p.pendingSeqs.begin() >= tagRange_) {
+    const std::string message =
+        str("mpi: rank ", rank_, " has more than ", tagRange_, " data chunks from ", who(peer),
+            " outstanding; their MPI tags would repeat (receive the older messages first)");
+    failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+    return;
+  }
+  for (size_t offset = 0, chunk = 0; offset < bytes; offset += kChunkBytes, ++chunk) {
+    const size_t length = std::min<size_t>(kChunkBytes, bytes - offset);
+    MPI_Request mpi = MPI_REQUEST_NULL;
+    const int rc = MPI_Irecv(request.data_ + offset, int(length), MPI_BYTE, peer,
+                             dataTag(p.recvBase, seq + chunk), comm_, &mpi);
+    if (rc != MPI_SUCCESS) {
+      failMpi(peer, rc, str("starting the ", request.describe()));
+      return;
+    }
+    request.mpi_.push_back(mpi);
+    request.chunkBytes_.push_back(length);
+  }
+}
+
+void MpiTransport::complete(MpiRequest& request) {
+  request.done_ = true;
+  request.queued_ = false;
+  (request.isSend_ ? sent_ : received_).fetch_add(request.bytes_, std::memory_order_relaxed);
+}
+
+void MpiTransport::test(MpiRequest& request) {
+  if (request.done_ || !request.matched_) return;
+  int flag = 0;
+  std::vector<MPI_Status> statuses(request.mpi_.size());
+  const int rc = MPI_Testall(int(request.mpi_.size()), request.mpi_.data(), &flag, statuses.data());
+  if (rc != MPI_SUCCESS) {
+    int code = rc;
+    if (rc == MPI_ERR_IN_STATUS)
+      for (const auto& s : statuses)
+        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
+          code = s.MPI_ERROR;
+          break;
+        }
+    failMpi(request.peer_, code, request.describe());
+    return;
+  }
+  if (!flag) return;
+  for (size_t i = 0; i < request.chunkBytes_.size(); ++i) {
+    int count = -1;
+    MPI_Get_count(&statuses[i], MPI_BYTE, &count);
+    if (count < 0 || size_t(count) != request.chunkBytes_[i]) {
+      const std::string message =
+          str("mpi: rank ", rank_, " received ", count, " bytes where chunk ", i, " of the ",
+              request.describe(), " has ", request.chunkBytes_[i], " (a stray message)");
+      failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+      return;
+    }
+  }
+  request.mpi_.clear();
+  complete(request);
+}
+
+void MpiTransport::pollInboxes() {
+  for (int peer = 0; peer < size_ && !failure_; ++peer) {
+    Peer& p = peers_[size_t(peer)];
+    while (p.inboxRequest != MPI_REQUEST_NULL && !failure_) {
+      int flag = 0;
+      MPI_Status status;
+      const int rc = MPI_Test(&p.inboxRequest, &flag, &status);
+      if (rc != MPI_SUCCESS) {
+        failMpi(peer, rc, str("receiving an envelope from ", who(peer)));
+        return;
+      }
+      if (!flag) break;
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      handleEnvelope(peer, size_t(std::max(count, 0)));
+      if (!failure_) postInbox(peer);
+    }
+  }
+  if (!orphans_.empty()) testOrphans();
+}
+
+void MpiTransport::handleEnvelope(int peer, size_t size) {
+  Peer& p = peers_[size_t(peer)];
+  Envelope e;
+  const std::string problem = decodeEnvelope(p.inbox.data(), size, e);
+  if (!problem.empty()) {
+    const std::string message =
+        str("mpi: rank ", rank_, " received a malformed envelope from ", who(peer), ": ", problem);
+    failLocked(std::make_exception_ptr(IoError(message)), peer, message);
+    return;
+  }
+  if (e.group != group_) {
+    // Sent to an earlier communicator that had this context id (see the top of the file).
+    HETRA_DEBUG("comm", "mpi: rank ", rank_, " dropped an envelope of another group from ",
+                who(peer));
+    return;
+  }
+  const uint8_t* payload = p.inbox.data() + kEnvelopeHeaderBytes;
+  switch (e.type) {
+    case EnvelopeType::Data: {
+      auto found = p.posted.find(e.tag);
+      if (found != p.posted.end() && !found->second.empty()) {
+        MpiRequest& request = *found->second.front();
+        found->second.pop_front();
+        if (found->second.empty()) p.posted.erase(found);
+        request.queued_ = false;
+        match(request, e.seq, e.bytes, payload);
+        return;
+      }
+      Arrived message;
+      message.seq = e.seq;
+      message.bytes = e.bytes;
+      message.inlined = isInline(e);
+      if (message.inlined)
+        message.payload.assign(payload, payload + e.bytes);
+      else
+        p.pendingSeqs.insert(e.seq);
+      p.arrived[e.tag].push_back(std::move(message));
+      return;
+    }
+    case EnvelopeType::Abort: {
+      const int culprit = e.seq < uint64_t(size_) ? int(e.seq) : peer;
+      const std::string message = str(std::string(reinterpret_cast<const char*>(payload), e.bytes),
+                                      " (seen by rank ", rank_, ")");
+      failLocked(std::make_exception_ptr(PeerAbortedError(culprit, message)), culprit, message);
+      return;
+    }
+    case EnvelopeType::Close:
+      p.closed = true;
+      p.closedAt = Clock::now();
+      checkClosed(peer);
+      return;
+  }
+}
+
+// After a peer's Close, no envelope follows: a receive still waiting for one never completes.
+void MpiTransport::checkClosed(int peer) {
+  Peer& p = peers_[size_t(peer)];
+  if (!p.closed || failure_) return;
+  for (const auto& [tag, posted] : p.posted) {
+    if (posted.empty()) continue;
+    const std::string message = str(who(peer), " closed its transport before the ",
+                                    posted.front()->describe(), " on rank ", rank_, " completed");
+    failLocked(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
+    return;
+  }
+}
+
+void MpiTransport::sendOrphan(int peer, const Envelope& envelope, const std::string& payload) {
+  Orphan orphan;
+  orphan.buffer = encodeEnvelope(envelope, payload.data());
+  if (MPI_Isend(orphan.buffer.data(), int(orphan.buffer.size()), MPI_BYTE, peer, kEnvelopeTag,
+                comm_, &orphan.request) == MPI_SUCCESS)
+    orphans_.push_back(std::move(orphan));
+}
+
+void MpiTransport::testOrphans() {
+  for (auto& o : orphans_) {
+    int flag = 0;
+    if (MPI_Test(&o.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      o.request = MPI_REQUEST_NULL;  // the peer is gone; nothing else to do with this message
+  }
+  orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
+                                [](const Orphan& o) { return o.request == MPI_REQUEST_NULL; }),
+                 orphans_.end());
+}
+
+std::exception_ptr MpiTransport::failLocked(std::exception_ptr error, int culprit,
+                                            const std::string& message) {
+  if (failure_) return failure_;
+  failure_ = error;
+  HETRA_DEBUG("comm", "mpi: group failed: ", message);
+  Envelope e;
+  e.type = EnvelopeType::Abort;
+  e.group = group_;
+  e.seq = uint64_t(culprit);
+  const std::string reason = message.substr(0, kInlineBytes);
+  e.bytes = reason.size();
+  for (int peer = 0; peer < size_ && !closing_; ++peer)
+    if (peer != rank_) sendOrphan(peer, e, reason);
+  return failure_;
+}
+
+std::exception_ptr MpiTransport::failMpi(int peer, int code, const std::string& what) {
+  const std::string message =
+      str("mpi: ", what, " failed on rank ", rank_, ": ", mpiErrorText(code));
+  if (peer >= 0)
+    return failLocked(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
+  return failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+}
+
+void MpiTransport::wait(MpiRequest& request, Deadline deadline) {
+  const auto start = Clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (!request.done_ && !failure_) {
+      pollInboxes();
+      if (!failure_) test(request);
+    }
+    if (request.done_) return;
+    if (failure_) std::rethrow_exception(failure_);
+    const auto now = Clock::now();
+    const Peer& p = peers_[size_t(request.peer_)];
+    if (request.isSend_ && p.closed && now - p.closedAt >= kCloseGrace) {
+      const std::string message = str(who(request.peer_), " closed its transport before the ",
+                                      request.describe(), " on rank ", rank_, " completed");
+      std::rethrow_exception(
+          failLocked(std::make_exception_ptr(PeerAbortedError(request.peer_, message)),
+                     request.peer_, message));
+    }
+    if (now >= deadline) {
+      const auto waited = std::chrono::duration_cast<Millis>(now - start);
+      const std::string message = str("mpi: rank ", rank_, " timed out after ", waited.count(),
+                                      " ms waiting for the ", request.describe());
+      std::rethrow_exception(
+          failLocked(std::make_exception_ptr(TimeoutError(message)), request.peer_, message));
+    }
+    lock.unlock();
+    const auto waited = now - start;
+    if (waited >= kYieldFor)
+      std::this_thread::sleep_for(std::min<Clock::duration>(kSleepSlice, deadline - now));
+    else if (waited >= kSpinFor)
+      sched_yield();
+    lock.lock();
+  }
+}
+
+void MpiTransport::release(MpiRequest& request) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // MPI released everything already
+  // A send the caller did not wait for may have completed meanwhile.
+  if (!request.done_ && request.isSend_ && !failure_) test(request);
+  if (request.done_) return;
+  Peer& p = peers_[size_t(request.peer_)];
+  if (request.queued_) {
+    auto posted = p.posted.find(request.tag_);
+    if (posted != p.posted.end()) {
+      auto found = std::find(posted->second.begin(), posted->second.end(), &request);
+      if (found != posted->second.end()) posted->second.erase(found);
+      if (posted->second.empty()) p.posted.erase(posted);
+    }
+    request.queued_ = false;
+  }
+  if (!failure_) {
+    // The peer will send this message (or expects it): the group cannot continue consistently.
+    const std::string message =
+        str("rank ", rank_, " abandoned a pending ", request.describe(), " (a bug in the caller)");
+    failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+  }
+  if (request.mpi_.empty()) return;
+  // MPI may still write into (or read from) the caller's buffer: cancel what can be cancelled
+  // (receives) and wait a little for the rest (a send completes once the peer has received it).
+  if (!request.isSend_)
+    for (auto& mpi : request.mpi_)
+      if (mpi != MPI_REQUEST_NULL) MPI_Cancel(&mpi);
+  if (!releaseUntil_) releaseUntil_ = deadlineAfter(kReleaseGrace);
+  for (;;) {
+    int flag = 0;
+    MPI_Testall(int(request.mpi_.size()), request.mpi_.data(), &flag, MPI_STATUSES_IGNORE);
+    if (flag) return;
+    if (Clock::now() >= *releaseUntil_) break;
+    lock.unlock();
+    sched_yield();
+    lock.lock();
+  }
+  HETRA_WARN("comm", "mpi: rank ", rank_, " freed the still pending ", request.describe(),
+             " after the group failed");
+  for (auto& mpi : request.mpi_)
+    if (mpi != MPI_REQUEST_NULL) MPI_Request_free(&mpi);
+  if (!request.envelope_.empty()) leak(std::move(request.envelope_));
+}
+
+MpiTransport::~MpiTransport() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // MPI released everything already
+  const bool clean = !failure_;
+  if (clean) {
+    // The end of this rank's messages is no fault: peers that still wait for one fail at once.
+    Envelope e;
+    e.type = EnvelopeType::Close;
+    e.group = group_;
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_) sendOrphan(peer, e, "");
+  }
+  // Nothing may be sent after Close (a peer frees its communicator once every Close arrived).
+  closing_ = true;
+  auto allClosed = [&] {
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_ && !peers_[size_t(peer)].closed) return false;
+    return true;
+  };
+  // Peers that finish at about the same time close within this wait; the others are waited for by
+  // the reaper (see Parked), so a destructor never stalls on a slow peer.
+  const Deadline until = deadlineAfter(kCloseWait);
+  while (clean && !failure_) {
+    pollInboxes();
+    if ((allClosed() && orphans_.empty()) || Clock::now() >= until) break;
+    lock.unlock();
+    sched_yield();
+    lock.lock();
+  }
+  Parked parked;
+  parked.comm = comm_;
+  parked.group = group_;
+  parked.failed = failure_ != nullptr;
+  parked.orphans = std::move(orphans_);
+  for (int peer = 0; peer < size_; ++peer) {
+    Peer& p = peers_[size_t(peer)];
+    if (peer == rank_ || p.closed) continue;
+    parked.inboxes.push_back({peer, std::move(p.inbox), p.inboxRequest});
+    p.inboxRequest = MPI_REQUEST_NULL;
+  }
+  comm_ = MPI_COMM_NULL;
+  lock.unlock();
+  park(std::move(parked));
+}
+
+// --- communicators of destroyed transports ---
+
+void park(Parked&& parked) {
+  std::lock_guard<std::mutex> lock(gParkedMutex);
+  if (parked.failed) {
+    // Peers of a failed group may still send (aborts, data) and never send Close: the communicator
+    // is never freed (a late message to a freed communicator can reach a later one that reuses its
+    // context id, which Open MPI 4.1 does not survive). Its inboxes are cancelled.
+    for (auto& in : parked.inboxes)
+      if (in.request != MPI_REQUEST_NULL) MPI_Cancel(&in.request);
+    const Deadline until = deadlineAfter(kReleaseGrace);
+    for (;;) {
+      bool pending = false;
+      for (auto& in : parked.inboxes) {
+        int flag = 1;
+        if (in.request != MPI_REQUEST_NULL) MPI_Test(&in.request, &flag, MPI_STATUS_IGNORE);
+        pending = pending || !flag;
+      }
+      if (!pending || Clock::now() >= until) break;
+      sched_yield();
+    }
+    for (auto& in : parked.inboxes)
+      if (in.request != MPI_REQUEST_NULL) {
+        MPI_Request_free(&in.request);
+        leak(std::move(in.buffer));
+      }
+    for (auto& o : parked.orphans) {
+      MPI_Request_free(&o.request);
+      leak(std::move(o.buffer));
+    }
+    HETRA_DEBUG("comm", "mpi: the communicator of a failed group stays allocated");
+    return;
+  }
+  gParked.push_back(std::move(parked));
+  reapLocked();
+}
+
+// Frees the parked communicators whose peers all closed: no message can reach them any more.
+void reapLocked() {
+  for (auto it = gParked.begin(); it != gParked.end();) {
+    Parked& p = *it;
+    for (auto& in : p.inboxes) {
+      while (in.request != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Status status;
+        if (MPI_Test(&in.request, &flag, &status) != MPI_SUCCESS) {
+          in.request = MPI_REQUEST_NULL;
+          in.closed = true;  // an error here: the peer is gone
+          break;
+        }
+        if (!flag) break;
+        int count = 0;
+        MPI_Get_count(&status, MPI_BYTE, &count);
+        Envelope e;
+        if (decodeEnvelope(in.buffer.data(), size_t(std::max(count, 0)), e).empty() &&
+            e.group == p.group && e.type == EnvelopeType::Close) {
+          in.closed = true;
+          break;
+        }
+        // Anything else (a message nobody received any more) is dropped.
+        MPI_Irecv(in.buffer.data(), int(kEnvelopeBytes), MPI_BYTE, in.peer, kEnvelopeTag, p.comm,
+                  &in.request);
+      }
+    }
+    for (auto& o : p.orphans) {
+      int flag = 0;
+      if (MPI_Test(&o.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        o.request = MPI_REQUEST_NULL;
+    }
+    p.orphans.erase(std::remove_if(p.orphans.begin(), p.orphans.end(),
+                                   [](const Orphan& o) { return o.request == MPI_REQUEST_NULL; }),
+                    p.orphans.end());
+    const bool done =
+        p.orphans.empty() && std::all_of(p.inboxes.begin(), p.inboxes.end(),
+                                         [](const Parked::Inbox& in) { return in.closed; });
+    if (!done) {
+      ++it;
+      continue;
+    }
+    MPI_Comm_free(&p.comm);
+    it = gParked.erase(it);
+  }
+}
+
+void reapParked() {
+  std::lock_guard<std::mutex> lock(gParkedMutex);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) reapLocked();
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> createMpiTransport(std::shared_ptr<store::Store> store, int rank,
+                                              int size, const MpiOptions& options) {
+  HETRA_ENFORCE(store != nullptr, "mpi transport: no store");
+  HETRA_ENFORCE(size >= 1 && rank >= 0 && rank < size, "mpi transport: rank ", rank,
+                " is outside a group of ", size);
+  const Deadline deadline = deadlineAfter(options.timeout);
+  const MpiProcess process = initMpi();
+  reapParked();
+
+  // The group id: tells this group's envelopes from stale ones and tags MPI_Comm_create_group.
+  if (rank == 0) {
+    std::random_device device;
+    const uint64_t id = uint64_t(device()) << 32 | device();
+    store->setString("group", str(id));
+  }
+  // Join: every rank publishes its MPI job, world rank and host; a missing rank is named here.
+  store->setString(str("world/", rank),
+                   str(process.job, "\n", process.worldRank, "\n", hostName()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(str("world/", r));
+  try {
+    store->wait(keys, remaining(deadline));
+  } catch (const TimeoutError&) {
+    std::string missing;
+    int count = 0;
+    for (int r = 0; r < size; ++r)
+      if (!store->check({keys[size_t(r)]})) missing += str(count++ ? ", " : "", r);
+    throw TimeoutError(str("mpi transport: rank", count > 1 ? "s " : " ", missing,
+                           " of a group of ", size, " did not join within ",
+                           options.timeout.count(), " ms (this is rank ", rank, ")"));
+  }
+  std::vector<int> worldRanks(static_cast<size_t>(size), -1);
+  std::vector<std::string> hosts(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    const std::string record = store->getString(keys[size_t(r)], remaining(deadline));
+    const size_t first = record.find('\n');
+    const size_t second = record.find('\n', first == std::string::npos ? first : first + 1);
+    if (second == std::string::npos)
+      throw IoError(str("mpi transport: rank ", r, " published a malformed record '", record, "'"));
+    const std::string job = record.substr(0, first);
+    if (job != process.job)
+      throw ConfigError(str("mpi transport: rank ", r, " is in MPI job '", job, "', rank ", rank,
+                            " in '", process.job,
+                            "'; every rank of an mpi group must be a process of one mpirun job"));
+    worldRanks[size_t(r)] = std::stoi(record.substr(first + 1, second - first - 1));
+    hosts[size_t(r)] = record.substr(second + 1);
+    for (int q = 0; q < r; ++q)
+      if (worldRanks[size_t(q)] == worldRanks[size_t(r)])
+        throw ConfigError(str("mpi transport: ranks ", q, " and ", r,
+                              " of the group are the same MPI process (world rank ",
+                              worldRanks[size_t(r)],
+                              "); every rank of an mpi group must be its own MPI process "
+                              "(launch with mpirun -np N)"));
+  }
+  const uint64_t group = std::stoull(store->getString("group", remaining(deadline)));
+
+  // The group's communicator, collective over the group only. MPI offers no timeout here; every
+  // rank has joined above, so all of them are about to call it.
+  MPI_Group world = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rc = MPI_Comm_group(MPI_COMM_WORLD, &world);
+  if (rc == MPI_SUCCESS) rc = MPI_Group_incl(world, size, worldRanks.data(), &members);
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Comm_create_group(MPI_COMM_WORLD, members, int(group % uint64_t(gTagUb)), &comm);
+  if (members != MPI_GROUP_NULL) MPI_Group_free(&members);
+  if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
+  if (rc != MPI_SUCCESS || comm == MPI_COMM_NULL)
+    throw IoError(str("mpi transport: rank ", rank, " could not create the group's communicator: ",
+                      rc == MPI_SUCCESS ? "not a member" : mpiErrorText(rc)));
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  int commRank = -1;
+  MPI_Comm_rank(comm, &commRank);
+  if (commRank != rank) {
+    MPI_Comm_free(&comm);
+    throw IoError(str("mpi transport: rank ", rank, " has rank ", commRank,
+                      " in the group's MPI communicator"));
+  }
+  auto transport = std::make_unique<MpiTransport>(comm, rank, size, group, std::move(hosts));
+  transport->start();
+  HETRA_DEBUG("comm", "mpi: rank ", rank, " of ", size, " is world rank ", process.worldRank);
+  return transport;
+}
+
+}  // namespace hetra::comm
