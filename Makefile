@@ -7,7 +7,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 HETRA := $(BUILD)/tools/hetra/hetra
 
-.PHONY: all deps build test test-asan test-tsan demo bench format clean
+.PHONY: all deps build test test-asan test-tsan test-fuzz test-mpi demo bench format clean
 
 all: build
 
@@ -18,24 +18,42 @@ build: deps
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Every test, then the communication tests again under AddressSanitizer + UBSan.
+# Every test; then the communication, store and authentication tests again under AddressSanitizer +
+# UBSan and under ThreadSanitizer; then each fuzz target for FUZZ_SECONDS; then the MPI transport.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300
 	@$(MAKE) --no-print-directory test-asan
+	@$(MAKE) --no-print-directory test-tsan
+	@$(MAKE) --no-print-directory test-fuzz
+	@$(MAKE) --no-print-directory test-mpi
 
 # The sanitizer builds leave LibTorch out: they check our communication code, not LibTorch's.
-COMM_TESTS := test_reduce test_communicator test_shm_transport test_shared_algorithms \
-              test_tcp_transport test_ring_algorithms
+SANITIZED_LABELS := comm|store
 
 test-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=address >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target $(COMM_TESTS)
-	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L comm
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(SANITIZED_LABELS)"
 
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=thread >/dev/null
-	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(COMM_TESTS)
+	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 	TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L comm
+
+# The MPI transport (HETRA_WITH_MPI, Open MPI) under mpirun with 3 and 4 ranks.
+MPI_BUILD ?= build-mpi
+test-mpi: deps
+	@cmake -S . -B $(MPI_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_MPI=ON >/dev/null
+	@cmake --build $(MPI_BUILD) -j $(JOBS) --target test_mpi_transport
+	ctest --test-dir $(MPI_BUILD) --output-on-failure --timeout 300 -L mpi
+
+# libFuzzer targets (clang) of fuzz/: the config parser and every wire-frame decoder, briefly each.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 10
+test-fuzz: deps
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_BUILD_TESTS=OFF -DHETRA_FUZZ=ON >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
+	fuzz/run-smoke.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 # The main job: three emulated devices of speeds 1, 1/2 and 1/4 train an MLP on Fashion-MNIST.
 demo: build
@@ -51,4 +69,4 @@ format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(MPI_BUILD)

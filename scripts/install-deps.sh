@@ -8,9 +8,9 @@ build_packages=(
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libssl-dev zlib1g-dev
   libtorch-dev libopenblas0-pthread dataset-fashion-mnist
-  iproute2
+  iproute2 clang libclang-rt-14-dev libopenmpi-dev openmpi-bin
 )
-bench_packages=(libopenmpi-dev openmpi-bin python3 python3-torch)
+bench_packages=(python3 python3-torch)
 
 wanted=("${build_packages[@]}")
 [[ "${1:-build}" == bench ]] && wanted+=("${bench_packages[@]}")
