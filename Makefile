@@ -7,7 +7,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 HETRA := $(BUILD)/tools/hetra/hetra
 
-.PHONY: all deps build test test-asan test-tsan test-fuzz test-mpi demo bench format clean
+.PHONY: all deps build test test-asan test-tsan test-fuzz test-mpi build-cuda demo bench format clean
 
 all: build
 
@@ -19,13 +19,15 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Every test; then the communication, store and authentication tests again under AddressSanitizer +
-# UBSan and under ThreadSanitizer; then each fuzz target for FUZZ_SECONDS; then the MPI transport.
+# UBSan and under ThreadSanitizer; then each fuzz target for FUZZ_SECONDS; then the MPI transport;
+# then the CUDA build where the toolkit is installed.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300
 	@$(MAKE) --no-print-directory test-asan
 	@$(MAKE) --no-print-directory test-tsan
 	@$(MAKE) --no-print-directory test-fuzz
 	@$(MAKE) --no-print-directory test-mpi
+	@$(MAKE) --no-print-directory build-cuda
 
 # The sanitizer builds leave LibTorch out: they check our communication code, not LibTorch's.
 SANITIZED_LABELS := comm|store
@@ -46,6 +48,15 @@ test-mpi: deps
 	@cmake -S . -B $(MPI_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_MPI=ON >/dev/null
 	@cmake --build $(MPI_BUILD) -j $(JOBS) --target test_mpi_transport
 	ctest --test-dir $(MPI_BUILD) --output-on-failure --timeout 300 -L mpi
+
+# The CUDA build (NCCL transport, codec kernels, staging) compiles wherever the CUDA toolkit is
+# installed, so it never rots; its tests need a GPU (scripts/gpu-check.sh) and skip without one.
+CUDA_BUILD ?= build-cuda
+NVCC ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+build-cuda: deps
+	@if [ -z "$(NVCC)" ]; then echo "build-cuda: skipped, no CUDA toolkit (nvcc) on this machine"; else \
+	  cmake -S . -B $(CUDA_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
+	  cmake --build $(CUDA_BUILD) -j $(JOBS) && ctest --test-dir $(CUDA_BUILD) --output-on-failure -L gpu; fi
 
 # libFuzzer targets (clang) of fuzz/: the config parser and every wire-frame decoder, briefly each.
 FUZZ_BUILD ?= build-fuzz
@@ -69,4 +80,4 @@ format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(MPI_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(MPI_BUILD) $(CUDA_BUILD)
