@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Two network-namespace hosts x two ranks train the Fashion-MNIST MLP with the hierarchical allreduce
 # and fp8 on the link between the hosts; their losses must match a one-host, uncompressed run of the
-# same config within the compression tolerance. Needs root and namespaces (exit 77: skipped).
+# same config within the compression tolerance; the same job started by hetra run from a config that
+# names the hosts (through mpirun) must train identically. Needs root and namespaces (exit 77:
+# skipped).
 #   tests/netns_train_test.sh SOURCE_DIR HETRA_BINARY
 set -euo pipefail
 src=$(realpath "$1")
@@ -79,6 +81,41 @@ grep -q "hierarchy: 2 islands (largest 2 ranks), compression between them: fp8-e
   grep -i hierarch "$work"/rank*.log || true
   exit 1
 }
+
+# The same two-host job started by hetra run itself from a config that names the hosts (through
+# mpirun, whose remote agent enters the namespace hosts): the same ranks on the same hosts, so the
+# same losses as the job started by hand.
+if command -v mpirun >/dev/null; then
+  sed '/^\[\[devices\]\]/,$d' "$work/run.toml" >"$work/hosts.toml"
+  cat >>"$work/hosts.toml" <<TOML
+[launch]
+mpi_args = ["--allow-run-as-root", "--mca", "plm_rsh_agent", "$cluster rsh"]
+[[devices]]
+host = "$a"
+[[devices]]
+host = "$a"
+[[devices]]
+host = "$b"
+[[devices]]
+host = "$b"
+TOML
+  HETRA_JOB_SECRET=$secret timeout 240 "$hetra" run "$work/hosts.toml" \
+    --metrics "$work/hosts.jsonl" >"$work/hosts.log" 2>&1 || { tail -30 "$work/hosts.log"; exit 1; }
+  python3 - "$work/two-hosts.jsonl" "$work/hosts.jsonl" <<'PY'
+import json, sys
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if r.get("event") == "step"}
+by_hand, by_run = losses(sys.argv[1]), losses(sys.argv[2])
+assert by_hand.keys() == by_run.keys(), (len(by_hand), len(by_run))
+worst = max(abs(by_run[s] - by_hand[s]) / by_hand[s] for s in by_hand)
+print(f"hetra run with hosts (through mpirun): {len(by_run)} steps, largest relative difference "
+      f"from the job started by hand {worst:.2e}")
+if worst > 1e-6:
+    sys.exit("FAIL: the same job started by hetra run trains differently")
+PY
+else
+  echo "note: mpirun is not installed; hetra run with hosts not checked"
+fi
 
 python3 - "$work/one-host.jsonl" "$work/two-hosts.jsonl" "$steps" <<'PY'
 import json, sys

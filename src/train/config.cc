@@ -342,6 +342,29 @@ Field<S> intListField(std::string key, std::vector<int64_t> S::*m, Bound bound, 
 }
 
 template <class S>
+Field<S> stringListField(std::string key, std::vector<std::string> S::*m, std::string help) {
+  return {std::move(key), std::move(help), false,
+          [m](S& s, const Site& site) {
+            auto* a = site.node.as_array();
+            if (!a)
+              site.fail("expected a list of strings, e.g. [\"--mca\", \"btl\", \"tcp,self\"]");
+            std::vector<std::string> values;
+            for (size_t i = 0; i < a->size(); ++i) {
+              auto* v = a->get(i)->as_string();
+              if (!v) site.element(i, *a->get(i)).fail("expected a string");
+              values.push_back(v->get());
+            }
+            s.*m = std::move(values);
+          },
+          [m](const S& s) {
+            if ((s.*m).empty()) return std::string();
+            std::vector<std::string> parts;
+            for (const auto& v : s.*m) parts.push_back(quote(v));
+            return "[" + join(parts, ", ") + "]";
+          }};
+}
+
+template <class S>
 Field<S> numListField(std::string key, std::vector<double> S::*m, Bound bound, size_t size,
                       std::string help) {
   return {std::move(key), std::move(help), false,
@@ -584,6 +607,15 @@ Field<DeviceConfig> scheduleField() {
           }};
 }
 
+const Fields<LaunchConfig>& launchFields() {
+  using L = LaunchConfig;
+  static const Fields<L> fields = {
+      stringField("mpirun", &L::mpirun, "the mpirun that starts ranks on named hosts"),
+      stringListField("mpi_args", &L::mpiArgs, "extra mpirun arguments, as a list of strings"),
+  };
+  return fields;
+}
+
 const Fields<DeviceConfig>& deviceFields() {
   using D = DeviceConfig;
   static const Fields<D> fields = [] {
@@ -596,18 +628,20 @@ const Fields<DeviceConfig>& deviceFields() {
         scheduleField(),
         memoryField(),
         intField("index", &D::index, within(0, 1 << 16), "cuda/rocm: GPU index"),
+        stringField("host", &D::host, "host of this rank (\"\" = this one); hosts: via mpirun"),
     };
     // Only GPUs have an index; a cpu device keeps -1.
-    f.back().write = [](const D& d) {
+    f[f.size() - 2].write = [](const D& d) {
       return d.kind == "cpu" ? std::string() : std::to_string(d.index);
     };
+    f.back().write = [](const D& d) { return d.host.empty() ? std::string() : quote(d.host); };
     return f;
   }();
   return fields;
 }
 
-const std::vector<std::string> kSections = {"model", "data",    "train",    "balance",
-                                            "comm",  "elastic", "topology", "devices"};
+const std::vector<std::string> kSections = {"model",   "data",     "train",  "balance", "comm",
+                                            "elastic", "topology", "launch", "devices"};
 
 template <class S>
 std::vector<std::string> keysOf(const Fields<S>& fields) {
@@ -629,6 +663,7 @@ std::vector<std::pair<std::string, std::string>> allKeys() {
   add("comm", keysOf(commFields()));
   add("elastic", keysOf(elasticFields()));
   add("topology", keysOf(topologyFields()));
+  add("launch", keysOf(launchFields()));
   add("devices[i]", keysOf(deviceFields()));
   return keys;
 }
@@ -702,6 +737,8 @@ void readRoot(RunConfig& config, const toml::table& root, Reader& reader) {
       readSection(config.elastic, site, elasticFields());
     } else if (name == "topology") {
       readSection(config.topology, site, topologyFields());
+    } else if (name == "launch") {
+      readSection(config.launch, site, launchFields());
     } else if (name == "devices") {
       readDevices(config, site);
     } else {
@@ -780,6 +817,7 @@ bool isTextKey(const std::vector<std::string>& path) {
   if (path[0] == "comm") return textIn(commFields(), path[1]);
   if (path[0] == "elastic") return textIn(elasticFields(), path[1]);
   if (path[0] == "topology") return textIn(topologyFields(), path[1]);
+  if (path[0] == "launch") return textIn(launchFields(), path[1]);
   return false;
 }
 
@@ -965,6 +1003,25 @@ std::vector<std::string> validateImpl(const RunConfig& c, const Capabilities& ca
             str("has ", ids.size(), ids.size() == 1 ? " entry" : " entries", " for ",
                 c.devices.size(), " devices: give one island id per [[devices]] entry"));
   }
+  // Hosts: all devices name one or none do, and a host's devices are listed together (mpirun's
+  // --map-by slot places ranks in order, filling one host before the next).
+  for (size_t i = 1; i < c.devices.size(); ++i) {
+    const std::string key = str("devices[", i, "].host");
+    const std::string& host = c.devices[i].host;
+    if (host.empty() != c.devices[0].host.empty())
+      failKey(locate, key, quote(host),
+              "name a host for every device or for none (devices[0].host is " +
+                  quote(c.devices[0].host) + ")");
+    if (host != c.devices[i - 1].host)
+      for (size_t j = 0; j + 1 < i; ++j)
+        if (c.devices[j].host == host)
+          failKey(locate, key, quote(host),
+                  str("list the devices of one host together (devices[", j,
+                      "] is on it too, and devices[", i - 1, "] is not)"));
+  }
+  if (!c.devices.empty() && !c.devices[0].host.empty() && c.elastic.maxRestarts > 0)
+    failKey(locate, "elastic.max_restarts", std::to_string(c.elastic.maxRestarts),
+            "elastic restarts work for ranks on this host only, not with devices[i].host");
   if (c.train.checkpointEvery > 0 && c.train.checkpointDir.empty())
     failKey(locate, "train.checkpoint_dir", "\"\"", "needed when train.checkpoint_every > 0");
   // A restart continues from this run's newest checkpoint: without checkpoints it would start over.
@@ -1091,6 +1148,8 @@ std::string toToml(const RunConfig& config) {
   writeTable(os, config.elastic, elasticFields());
   os << "\n[topology]\n";
   writeTable(os, config.topology, topologyFields());
+  os << "\n[launch]\n";
+  writeTable(os, config.launch, launchFields());
   for (const auto& device : config.devices) {
     os << "\n[[devices]]\n";
     writeTable(os, device, deviceFields());

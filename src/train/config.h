@@ -125,7 +125,17 @@ struct DeviceConfig {
   std::vector<SlowdownChange> slowdownSchedule;  // steps strictly increasing, factors >= 1
   int64_t memoryBytes = 0;  // memory cap bounding the micro-batch; 0 = unlimited
   int64_t index = -1;       // cuda/rocm: GPU index (default: n-th device of that kind); -1 for cpu
+  // The host this rank runs on ("" = this one). Naming hosts makes hetra run start the ranks
+  // through mpirun ([launch]); the devices of one host are listed together.
+  std::string host;
   bool operator==(const DeviceConfig&) const = default;
+};
+
+// How hetra run starts ranks on the hosts its devices name (mpirun, as hetra launch -H does).
+struct LaunchConfig {
+  std::string mpirun = "mpirun";
+  std::vector<std::string> mpiArgs;  // passed to mpirun as they are
+  bool operator==(const LaunchConfig&) const = default;
 };
 
 struct RunConfig {
@@ -136,6 +146,7 @@ struct RunConfig {
   CommConfig comm;
   ElasticConfig elastic;
   TopologyConfig topology;
+  LaunchConfig launch;
   std::vector<DeviceConfig> devices;
   // Not part of the configuration (ignored by ==, not printed): what validation found questionable
   // but allowed, e.g. more busy threads than cores.
@@ -143,7 +154,8 @@ struct RunConfig {
 
   bool operator==(const RunConfig& o) const {
     return model == o.model && data == o.data && train == o.train && balance == o.balance &&
-           comm == o.comm && elastic == o.elastic && topology == o.topology && devices == o.devices;
+           comm == o.comm && elastic == o.elastic && topology == o.topology && launch == o.launch &&
+           devices == o.devices;
   }
 };
 

@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/params.h"
 #include "launch.h"
+#include "launch_command.h"
 #include "train/config.h"
 #include "train/optim.h"
 #include "train/trainer.h"
@@ -70,6 +71,7 @@ void reportFailure(const RankWatch::Failure& failure, int code,
 void runRank(const RunOptions& options, const train::RunConfig& config, const RankContext& context,
              bool appendMetrics);
 train::TopologyConfig resolveTopology(const train::RunConfig& config);
+int runOnHosts(const train::RunConfig& config, const std::vector<std::string>& argv);
 int superviseElastic(const RunOptions& options, const train::RunConfig& config,
                      const std::vector<std::string>& argv);
 
@@ -88,6 +90,7 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
     for (const auto& warning : config.warnings)
       std::fprintf(stderr, "hetra: warning: %s\n", warning.c_str());
     resolveTopology(config);  // a bad topology file fails here, before any rank starts
+    if (!config.devices.front().host.empty()) return runOnHosts(config, argv);
     return superviseElastic(options, config, argv);
   }
   // The ranks of an elastic restart run on the surviving devices only, from the restart's
@@ -136,6 +139,26 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
 }
 
 namespace {
+
+// The devices name hosts: mpirun starts one rank per device, in order, on its host (as `hetra
+// launch -H` does: this process serves the store, the job's variables travel by name), each rank
+// running this same command. The binary, the config and the data must be at the same paths on
+// every host, as mpirun expects of any program.
+int runOnHosts(const train::RunConfig& config, const std::vector<std::string>& argv) {
+  LaunchOptions launch;
+  for (const auto& device : config.devices) {
+    if (!launch.hosts.empty() && launch.hosts.back().host == device.host)
+      ++launch.hosts.back().slots;
+    else
+      launch.hosts.push_back({device.host, 1});
+  }
+  launch.np = int(config.devices.size());
+  launch.mpirun = config.launch.mpirun;
+  launch.mpiArgs = config.launch.mpiArgs;
+  launch.program = {std::filesystem::read_symlink("/proc/self/exe").string()};
+  launch.program.insert(launch.program.end(), argv.begin() + 1, argv.end());
+  return runLaunch(launch);
+}
 
 // [topology] with its file's islands and link costs turned into explicit keys (the config's own
 // keys win); ConfigError when the file cannot be read or does not describe this run's devices.
