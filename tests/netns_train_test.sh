@@ -9,14 +9,18 @@ set -euo pipefail
 src=$(realpath "$1")
 hetra=$(realpath "$2")
 cluster="$src/scripts/netns-cluster.sh"
-if [[ $(id -u) -ne 0 ]] || ! unshare --net true 2>/dev/null; then
-  echo "SKIP: needs root and network namespaces"
-  exit 77
-fi
-[[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] || {
-  echo "SKIP: dataset-fashion-mnist is not installed"
+skip() {
+  echo "SKIP: $*"
   exit 77
 }
+# The same conditions as tests/netns_test.sh.
+[[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces"
+for tool in ip tc unshare nsenter; do
+  command -v "$tool" >/dev/null || skip "$tool is missing (scripts/install-deps.sh installs iproute2)"
+done
+unshare --net --uts --ipc --mount true 2>/dev/null || skip "cannot create namespaces here"
+[[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] ||
+  skip "dataset-fashion-mnist is not installed"
 work=$(mktemp -d)
 export HETRA_NETNS_STATE=$work/state
 cleanup() {

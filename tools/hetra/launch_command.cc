@@ -207,6 +207,8 @@ std::string shellCommand(const std::map<std::string, std::string>& environment,
 }
 
 std::string routeAddressTo(const std::string& host) {
+  // Without a resolver entry for it (a bare chroot has no /etc/hosts), localhost is still loopback.
+  if (host == "localhost") return "127.0.0.1";
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
