@@ -454,13 +454,19 @@ TEST(LaunchCommand, RunsLocalRanksAndReportsAFailure) {
   const auto ok = readText(s.output);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(count(ok, "rank=" + std::to_string(r) + "\n"), 1u) << ok;
 
+  // The failure message names the rank, its host and status, and ends with its last stderr lines.
   s = start({kHetra, "launch", "-np", "3", "--grace", "0.2", "sh", "-c",
-             "[ $HETRA_RANK = 2 ] && exit 3; exec sleep 30"},
+             "echo \"rank $HETRA_RANK up\" >&2; [ $HETRA_RANK = 2 ] && { echo 'disk full' >&2; "
+             "exit 3; }; exec sleep 30"},
             dir / "fail.txt");
   EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(20)), 3);
   const auto fail = readText(s.output);
-  EXPECT_TRUE(contains(fail, "rank 2 (pid")) << fail;
-  EXPECT_TRUE(contains(fail, "exited with status 3")) << fail;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  EXPECT_TRUE(contains(fail, str("rank 2 (pid "))) << fail;
+  EXPECT_TRUE(contains(fail, str(", host ", host, ") exited with status 3"))) << fail;
+  EXPECT_TRUE(contains(fail, "its last 2 lines on stderr:\n    rank 2 up\n    disk full")) << fail;
+  EXPECT_EQ(count(fail, "rank 0 up\n"), 1u) << "every rank's stderr is forwarded once: " << fail;
 
   s = start({kHetra, "launch", "-np", "2", "--bad-option", "sh"}, dir / "bad.txt");
   EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(20)), 2);

@@ -3,6 +3,7 @@
 #include "launch_command.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <random>
 
 #include "common/auth.h"
@@ -309,9 +311,54 @@ void writeAll(int fd, const char* text) {
   }
 }
 
+// A child's stderr as the launcher reads it: complete lines are forwarded to the launcher's stderr
+// and the last ones kept.
+struct StderrTail {
+  int fd = -1;  // read end; -1 when not captured or at end of file
+  std::string partial;
+  std::deque<std::string> lines;
+
+  // Reads what is there without blocking; at end of file closes the pipe.
+  void drain(size_t keep) {
+    char buffer[4096];
+    for (;;) {
+      if (fd < 0) return;
+      const ssize_t got = read(fd, buffer, sizeof buffer);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        if (got == 0 || errno != EAGAIN) {
+          close(fd);
+          fd = -1;
+          if (!partial.empty()) keep1(partial + "\n", keep);
+          partial.clear();
+        }
+        return;
+      }
+      partial.append(buffer, size_t(got));
+      for (size_t nl; (nl = partial.find('\n')) != std::string::npos;) {
+        keep1(partial.substr(0, nl + 1), keep);
+        partial.erase(0, nl + 1);
+      }
+    }
+  }
+
+  void keep1(const std::string& line, size_t keep) {
+    writeAll(STDERR_FILENO, line.c_str());
+    lines.push_back(line.substr(0, line.size() - 1));
+    while (lines.size() > keep) lines.pop_front();
+  }
+};
+
+std::string thisHostName() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
 [[noreturn]] void execChild(const ChildProcess& child, PreparedChild& p, pid_t launcher,
-                            const sigset_t& mask, const char* failure) {
+                            const sigset_t& mask, const char* failure, int stderrFd) {
   setpgid(0, 0);
+  if (stderrFd >= 0) dup2(stderrFd, STDERR_FILENO);  // the pipe's ends close on exec
   // Dies with the launcher, even when the launcher is killed with SIGKILL; the launcher may have
   // died before this line, so check that it is still the parent.
   prctl(PR_SET_PDEATHSIG, child.deathSignal);
@@ -342,6 +389,36 @@ int superviseChildren(const std::vector<ChildProcess>& children, const Supervise
     failures.push_back(
         str(options.name, ": cannot execute ", child.path, " for ", child.label, "\n"));
   }
+  // Pipes for the children's stderr, made before any fork; the read ends are non-blocking.
+  std::vector<StderrTail> tails(n);
+  std::vector<int> writeEnds(n, -1);
+  if (options.captureStderr)
+    for (size_t i = 0; i < n; ++i) {
+      int ends[2];
+      if (pipe2(ends, O_CLOEXEC) != 0)
+        throw IoError(str("pipe for ", children[i].label, "'s stderr: ", std::strerror(errno)));
+      fcntl(ends[0], F_SETFL, fcntl(ends[0], F_GETFL) | O_NONBLOCK);
+      tails[i].fd = ends[0];
+      writeEnds[i] = ends[1];
+    }
+  auto closeWriteEnds = [&] {
+    for (int& fd : writeEnds)
+      if (fd >= 0) close(fd), fd = -1;
+  };
+  auto drainAll = [&] {
+    for (auto& tail : tails) tail.drain(options.tailLines);
+  };
+  // The failed child's last lines, for its failure message.
+  auto tailOf = [&](size_t i) {
+    if (!options.captureStderr) return std::string();
+    tails[i].drain(options.tailLines);
+    if (tails[i].lines.empty()) return str("\n", options.name, ": it wrote nothing to stderr");
+    std::string text =
+        str("\n", options.name, ": its last ", tails[i].lines.size(), " lines on stderr:");
+    for (const auto& line : tails[i].lines) text += "\n    " + line;
+    return text;
+  };
+  const std::string host = thisHostName();
   std::vector<pid_t> pids(n, -1);
   std::vector<bool> running(n, false);
   size_t live = 0;
@@ -360,12 +437,14 @@ int superviseChildren(const std::vector<ChildProcess>& children, const Supervise
       throw IoError(str("fork failed for ", children[i].label, ": ", std::strerror(error)));
     }
     if (pid == 0)
-      execChild(children[i], prepared[i], self, signals.previousMask(), failures[i].c_str());
+      execChild(children[i], prepared[i], self, signals.previousMask(), failures[i].c_str(),
+                writeEnds[i]);
     setpgid(pid, pid);  // also here, so that a signal sent right away reaches its group
     pids[i] = pid;
     running[i] = true;
     ++live;
   }
+  closeWriteEnds();  // each pipe's end of file is then its child's (and its children's) exit
 
   int failedCode = 0;
   int forwarded = 0;
@@ -385,7 +464,7 @@ int superviseChildren(const std::vector<ChildProcess>& children, const Supervise
       kill(-pid, SIGKILL);
       if (status == 0) continue;
       const std::string what =
-          str(children[i].label, " (pid ", pid, ") ", describeWaitStatus(status));
+          str(children[i].label, " (pid ", pid, ", host ", host, ") ", describeWaitStatus(status));
       if (killed || forwarded) {
         HETRA_INFO("cli", options.name, ": ", what);
       } else if (failedCode == 0) {
@@ -393,7 +472,8 @@ int superviseChildren(const std::vector<ChildProcess>& children, const Supervise
         HETRA_ERROR("cli", options.name, ": ", what,
                     live > 0 ? str("; stopping the other ", live == 1 ? "process" : "processes",
                                    " in ", options.failureGrace.count(), " ms")
-                             : std::string());
+                             : std::string(),
+                    tailOf(i));
         killBy(deadlineAfter(options.failureGrace));
       } else {
         HETRA_ERROR("cli", options.name, ": ", what);
@@ -405,9 +485,20 @@ int superviseChildren(const std::vector<ChildProcess>& children, const Supervise
       killed = true;
       killAt = Deadline::max();
     }
-    // Sleep until a child ends or a signal arrives, at most until the next deadline.
+    // Sleep until a child ends or a signal arrives, at most until the next deadline. With pipes
+    // to read, wait on them first (signals stay pending until sigtimedwait takes them).
     Millis wait(200);
     if (killAt != Deadline::max()) wait = std::clamp(remaining(killAt), Millis(1), wait);
+    if (options.captureStderr) {
+      std::vector<pollfd> fds;
+      for (const auto& tail : tails)
+        if (tail.fd >= 0) fds.push_back({tail.fd, POLLIN, 0});
+      if (!fds.empty()) {
+        poll(fds.data(), fds.size(), int(std::min<int64_t>(wait.count(), 50)));
+        drainAll();
+        wait = Millis(0);
+      }
+    }
     timespec timeout{time_t(wait.count() / 1000), long(wait.count() % 1000) * 1000000};
     siginfo_t info;
     const int sig = sigtimedwait(&signals.handled(), &info, &timeout);
@@ -424,6 +515,10 @@ int superviseChildren(const std::vector<ChildProcess>& children, const Supervise
         killBy(deadlineAfter(options.stopGrace));
       }
     }
+  }
+  for (auto& tail : tails) {
+    tail.drain(options.tailLines);
+    if (tail.fd >= 0) close(tail.fd);  // a grandchild still holds the pipe: stop reading it
   }
   if (failedCode != 0) return failedCode;
   return forwarded ? 128 + forwarded : 0;
@@ -466,6 +561,7 @@ int runLocalJob(const LocalJob& job) {
   options.name = job.name;
   options.failureGrace = job.failureGrace;
   options.stopGrace = job.stopGrace;
+  options.captureStderr = job.captureStderr;
   return superviseChildren(children, options, signals);
 }
 

@@ -78,6 +78,8 @@ struct LocalJob {
   std::map<std::string, std::string> environment;
   // What the launcher's messages start with ("hetra launch").
   std::string name = "hetra";
+  // See SuperviseOptions::captureStderr (off for ranks that report through RankWatch).
+  bool captureStderr = false;
 };
 
 // Runs the job: serves its store on 127.0.0.1, starts each rank with HETRA_RANK, HETRA_WORLD_SIZE,
@@ -124,6 +126,10 @@ struct SuperviseOptions {
   std::string name = "hetra";  // what messages start with
   Millis failureGrace{5000};
   Millis stopGrace{10000};
+  // Read each child's stderr through a pipe: forwarded line by line as it comes, and the last
+  // tailLines of the child that failed are part of the failure message (with the host's name).
+  bool captureStderr = false;
+  size_t tailLines = 20;
 };
 
 // Starts every child in its own process group and waits for all of them. SIGINT, SIGTERM and

@@ -239,6 +239,7 @@ int runLaunch(const LaunchOptions& o) {
     job.argv = o.program;
     job.failureGrace = Millis(int64_t(o.graceS * 1000));
     job.name = "hetra launch";
+    job.captureStderr = true;  // its failure message shows the rank's last lines
     return runLocalJob(job);
   }
   const std::string address = o.storeAddr.empty() ? routeAddressTo(o.hosts[0].host) : o.storeAddr;
@@ -260,6 +261,7 @@ int runLaunch(const LaunchOptions& o) {
   mpirun.stdinNull = false;      // mpirun forwards it to rank 0
   mpirun.deathSignal = SIGTERM;  // lets mpirun stop the remote ranks
   SuperviseOptions options;
+  options.captureStderr = true;  // mpirun's stderr carries the ranks' (forwarded by mpirun)
   options.name = "hetra launch";
   options.failureGrace = Millis(int64_t(o.graceS * 1000));
   options.stopGrace = Millis(30000);  // mpirun stops its daemons on other hosts
