@@ -130,8 +130,11 @@ TEST(Reduce, BulkConversionsMatchScalar) {
   }
   std::vector<float> back(f.size());
   halfToFloat(h.data(), back.data(), h.size());
-  for (size_t i = 0; i < f.size(); ++i)
-    if (!std::isnan(f[i])) ASSERT_EQ(back[i], hetra::halfToFloat(h[i]));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (!std::isnan(f[i])) {
+      ASSERT_EQ(back[i], hetra::halfToFloat(h[i]));
+    }
+  }
 }
 
 }  // namespace

@@ -277,7 +277,7 @@ void allgatherCompressed(Transport& transport, const AllgatherArgs& args, const 
   const uint64_t tag = opTag(args.seq, kCompressedGatherPhase);
   std::vector<RequestPtr> recvs = postGatherReceives(transport, layout, gathered, tag);
   std::vector<RequestPtr> sends;
-  if (in != mine) std::memmove(mine, in, layout.count(r) * sizeof(float));
+  if (layout.count(r) && in != mine) std::memmove(mine, in, layout.count(r) * sizeof(float));
   for (size_t k = 0; k < layout.segments(r); ++k)
     shareSegment(transport, codec, layout, mine, wire, k, nullptr, nullptr, tag, sends);
   decodeGathered(transport, codec, layout, gathered, out, recvs, args.deadline);
