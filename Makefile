@@ -7,7 +7,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 HETRA := $(BUILD)/tools/hetra/hetra
 
-.PHONY: all deps build test test-asan test-tsan test-fuzz test-mpi build-cuda demo bench format clean
+.PHONY: all deps build test test-asan test-asan-train test-tsan test-fuzz test-mpi build-cuda demo bench format clean
 
 all: build
 
@@ -19,23 +19,32 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Every test; then the communication, store and authentication tests again under AddressSanitizer +
-# UBSan and under ThreadSanitizer; then each fuzz target for FUZZ_SECONDS; then the MPI transport;
+# UBSan and under ThreadSanitizer, and the training tests under AddressSanitizer + UBSan; then each fuzz target for FUZZ_SECONDS; then the MPI transport;
 # then the CUDA build where the toolkit is installed.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300
 	@$(MAKE) --no-print-directory test-asan
+	@$(MAKE) --no-print-directory test-asan-train
 	@$(MAKE) --no-print-directory test-tsan
 	@$(MAKE) --no-print-directory test-fuzz
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory build-cuda
 
-# The sanitizer builds leave LibTorch out: they check our communication code, not LibTorch's.
+# The comm sanitizer builds leave LibTorch out: they check our communication code, not LibTorch's.
 SANITIZED_LABELS := comm|store
 
 test-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=address >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(SANITIZED_LABELS)"
+
+# The training tests under ASan+UBSan: our training code instrumented, LibTorch as Debian built it.
+ASAN_TRAIN_BUILD ?= build-asan-train
+TRAIN_TESTS := test_models test_datasets test_optim test_sampler test_data_parallel test_trainer
+test-asan-train: deps
+	@cmake -S . -B $(ASAN_TRAIN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_SANITIZE=address >/dev/null
+	@cmake --build $(ASAN_TRAIN_BUILD) -j $(JOBS) --target $(TRAIN_TESTS)
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_TRAIN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L train
 
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=thread >/dev/null
@@ -80,4 +89,4 @@ format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(MPI_BUILD) $(CUDA_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(MPI_BUILD) $(CUDA_BUILD)
