@@ -23,6 +23,7 @@
 
 #include "common/errors.h"
 #include "common/logging.h"
+#include "common/net.h"
 
 namespace hetra::store {
 namespace {
@@ -152,17 +153,6 @@ uint64_t clampMs(Millis timeout) {
 
 std::string errnoText(int err) {
   return std::strerror(err);
-}
-
-void setNoDelay(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-// Milliseconds until `deadline`, rounded up so that poll() never returns just before it.
-int pollMillis(Deadline deadline) {
-  const auto left = std::chrono::ceil<Millis>(deadline - Clock::now()).count();
-  return int(std::clamp<int64_t>(left, 0, INT_MAX));
 }
 
 std::string peerName(const sockaddr* addr, socklen_t len) {
@@ -341,12 +331,12 @@ void TcpStoreServer::Impl::loop() {
     }
     int timeoutMs = -1;
     for (const auto& w : waiters) {
-      const int ms = pollMillis(w.deadline);
+      const int ms = net::pollMillis(w.deadline);
       timeoutMs = timeoutMs < 0 ? ms : std::min(timeoutMs, ms);
     }
     for (const auto& [id, c] : conns) {
       if (!c.handshake) continue;
-      const int ms = pollMillis(c.handshakeDeadline);
+      const int ms = net::pollMillis(c.handshakeDeadline);
       timeoutMs = timeoutMs < 0 ? ms : std::min(timeoutMs, ms);
     }
     if (::poll(fds.data(), fds.size(), timeoutMs) < 0) {
@@ -397,7 +387,7 @@ void TcpStoreServer::Impl::acceptAll() {
         HETRA_WARN("store", "store server accept: ", errnoText(errno));
       return;
     }
-    setNoDelay(fd);
+    net::setNoDelay(fd);
     Connection c;
     c.fd = fd;
     c.peer = peerName(reinterpret_cast<sockaddr*>(&addr), len);
@@ -707,63 +697,25 @@ void TcpStore::closeSocket() {
 }
 
 void TcpStore::connectUntil(Deadline deadline) {
-  std::string lastError = "no attempt";
-  Millis backoff{5};
-  for (;;) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const std::string service = std::to_string(port_);
-    const int rc = ::getaddrinfo(host_.c_str(), service.c_str(), &hints, &res);
-    if (rc != 0) lastError = gai_strerror(rc);
-    for (addrinfo* ai = rc == 0 ? res : nullptr; ai; ai = ai->ai_next) {
-      const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd < 0) {
-        lastError = errnoText(errno);
-        continue;
-      }
-      int err = 0;
-      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-        err = errno;
-        if (err == EINPROGRESS) {
-          pollfd p{fd, POLLOUT, 0};
-          const int ready = ::poll(&p, 1, std::max(1, std::min(pollMillis(deadline), 1000)));
-          socklen_t len = sizeof(err);
-          if (ready == 1)
-            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-          else
-            err = ready == 0 ? ETIMEDOUT : errno;
-        }
-      }
-      if (err == 0) {
-        setNoDelay(fd);
-        ::freeaddrinfo(res);
-        if (!secret_.empty()) {
-          // A refusal is final: retrying with the same secret would be refused again.
-          try {
-            auth::authenticate(fd, secret_, auth::Role::Client, kAuthContext,
-                               std::min(deadline, deadlineAfter(handshakeTimeout_)),
-                               str("store server ", address()));
-          } catch (...) {
-            ::close(fd);
-            throw;
-          }
-        }
-        fd_ = fd;
-        return;
-      }
-      lastError = errnoText(err);
+  std::string lastError;
+  const int fd =
+      net::connectUntil(host_, std::to_string(port_), deadline, Millis(5), Millis(200), lastError);
+  if (fd < 0)
+    throw TimeoutError(str("store: could not connect to ", address(), " within ", timeout_.count(),
+                           " ms (last error: ", lastError, ")"));
+  net::setNoDelay(fd);
+  if (!secret_.empty()) {
+    // A refusal is final: retrying with the same secret would be refused again.
+    try {
+      auth::authenticate(fd, secret_, auth::Role::Client, kAuthContext,
+                         std::min(deadline, deadlineAfter(handshakeTimeout_)),
+                         str("store server ", address()));
+    } catch (...) {
       ::close(fd);
+      throw;
     }
-    if (rc == 0) ::freeaddrinfo(res);
-    const Millis left = remaining(deadline);
-    if (left.count() <= 0)
-      throw TimeoutError(str("store: could not connect to ", address(), " within ",
-                             timeout_.count(), " ms (last error: ", lastError, ")"));
-    std::this_thread::sleep_for(std::min(backoff, left));
-    backoff = std::min(backoff * 2, Millis(200));
   }
+  fd_ = fd;
 }
 
 Bytes TcpStore::request(const Bytes& payload, Millis waitTimeout, const char* what,
@@ -797,7 +749,7 @@ Bytes TcpStore::request(const Bytes& payload, Millis waitTimeout, const char* wh
   auto waitFor = [&](short events) {
     for (;;) {
       pollfd p{fd_, events, 0};
-      const int ready = ::poll(&p, 1, pollMillis(deadline));
+      const int ready = ::poll(&p, 1, net::pollMillis(deadline));
       if (ready > 0) return;
       if (ready == 0 && Clock::now() >= deadline) throw timedOut();
       if (ready < 0 && errno != EINTR) throw serverGone(str("poll: ", errnoText(errno)));

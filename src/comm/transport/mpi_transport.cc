@@ -75,6 +75,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/bytes.h"
 #include "common/errors.h"
 #include "common/logging.h"
 
@@ -115,28 +116,6 @@ struct Envelope {
   uint64_t tag = 0;
   uint64_t bytes = 0;
 };
-
-void storeU16(uint8_t* p, uint16_t v) {
-  p[0] = uint8_t(v);
-  p[1] = uint8_t(v >> 8);
-}
-void storeU32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i));
-}
-void storeU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = uint8_t(v >> (8 * i));
-}
-uint16_t loadU16(const uint8_t* p) {
-  return uint16_t(p[0] | p[1] << 8);
-}
-uint32_t loadU32(const uint8_t* p) {
-  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-}
-uint64_t loadU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t(p[i]) << (8 * i);
-  return v;
-}
 
 bool isInline(const Envelope& e) {
   return e.type == EnvelopeType::Abort || (e.type == EnvelopeType::Data && e.bytes <= kInlineBytes);

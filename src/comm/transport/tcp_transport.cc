@@ -57,8 +57,10 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/bytes.h"
 #include "common/errors.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/params.h"
 
 namespace hetra::comm {
@@ -86,30 +88,6 @@ constexpr size_t kStageBytes = 64 << 10;
 constexpr size_t kMaxUnexpectedBytes = size_t(256) << 20;
 // Connections in their handshake on the listening socket; more are refused.
 constexpr size_t kMaxPendingConnections = 64;
-// Epoll timeouts are in milliseconds; far deadlines are clamped.
-constexpr int64_t kMaxPollMs = 3600 * 1000;
-
-void storeU16(uint8_t* p, uint16_t v) {
-  p[0] = uint8_t(v);
-  p[1] = uint8_t(v >> 8);
-}
-void storeU32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i));
-}
-void storeU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = uint8_t(v >> (8 * i));
-}
-uint16_t loadU16(const uint8_t* p) {
-  return uint16_t(p[0] | p[1] << 8);
-}
-uint32_t loadU32(const uint8_t* p) {
-  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-}
-uint64_t loadU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t(p[i]) << (8 * i);
-  return v;
-}
 
 std::string hostName() {
   char name[256] = {};
@@ -143,21 +121,11 @@ std::string addressOf(const sockaddr* addr, socklen_t len) {
   return addr->sa_family == AF_INET6 ? str("[", host, "]:", port) : str(host, ":", port);
 }
 
-int pollMillis(Deadline deadline) {
-  const auto left = std::chrono::ceil<Millis>(deadline - Clock::now()).count();
-  return int(std::clamp<int64_t>(left, 0, kMaxPollMs));
-}
-
-void setSocketOptions(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
 // Blocking-style helpers for connection setup on a non-blocking socket, bounded by a deadline.
 void waitReady(int fd, short events, Deadline deadline, const std::string& what) {
   for (;;) {
     pollfd p{fd, events, 0};
-    const int ms = pollMillis(deadline);
+    const int ms = net::pollMillis(deadline);
     const int ready = ::poll(&p, 1, ms);
     if (ready > 0) return;
     if (ready == 0 && ms == 0) throw TimeoutError(str(what, ": timed out"));
@@ -710,7 +678,7 @@ void TcpTransport::wait(TcpRequest& request, Deadline deadline) {
     auto until = std::min(deadline, nextProbe);
     if (throttled_ && bucket_) until = std::min(until, bucket_->when(kStageBytes));
     lock.unlock();
-    const int ms = pollMillis(until);
+    const int ms = net::pollMillis(until);
     const int n = ::epoll_wait(epollFd_, events, 16, ms);
     const int err = errno;
     lock.lock();
@@ -1203,12 +1171,12 @@ void TcpTransport::acceptLoop() {
   std::vector<pollfd> fds;
   for (;;) {
     fds.assign({{acceptWake_, POLLIN, 0}, {listenFd_, POLLIN, 0}});
-    Deadline until = Clock::now() + Millis(kMaxPollMs);
+    Deadline until = Clock::now() + std::chrono::hours(1);  // no deadline: wake hourly
     for (const auto& c : pending) {
       fds.push_back({c.fd, POLLIN, 0});
       until = std::min(until, c.deadline);
     }
-    if (::poll(fds.data(), fds.size(), pollMillis(until)) < 0 && errno != EINTR) {
+    if (::poll(fds.data(), fds.size(), net::pollMillis(until)) < 0 && errno != EINTR) {
       HETRA_ERROR("comm", "tcp: rank ", rank_,
                   " stops accepting connections: poll: ", errnoText(errno));
       break;
@@ -1316,71 +1284,32 @@ void TcpTransport::connectTo(int peer, const std::string& address, Deadline dead
   const std::string port = address.substr(colon + 1);
   const std::string what =
       str("tcp transport: rank ", rank_, " connecting to ", who(peer), " at ", address);
-  std::string lastError = "no attempt";
-  Millis backoff{2};
-  for (;;) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-    if (rc != 0) lastError = gai_strerror(rc);
-    for (addrinfo* ai = rc == 0 ? res : nullptr; ai; ai = ai->ai_next) {
-      const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd < 0) {
-        lastError = errnoText(errno);
-        continue;
-      }
-      int err = 0;
-      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-        err = errno;
-        if (err == EINPROGRESS) {
-          pollfd p{fd, POLLOUT, 0};
-          const int ready = ::poll(&p, 1, std::max(1, std::min(pollMillis(deadline), 1000)));
-          socklen_t len = sizeof err;
-          if (ready == 1)
-            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-          else
-            err = ready == 0 ? ETIMEDOUT : errno;
-        }
-      }
-      if (err != 0) {
-        lastError = errnoText(err);
-        ::close(fd);
-        continue;
-      }
-      ::freeaddrinfo(res);
-      try {
-        if (!secret_.empty())
-          auth::authenticate(fd, secret_, auth::Role::Client, kAuthContext,
-                             std::min(deadline, deadlineAfter(options_.auth.handshakeTimeout)),
-                             who(peer) + " at " + address);
-        const auto hello = encodeHello(Hello{rank_, size_, groupId_});
-        sendExact(fd, hello.data(), hello.size(), deadline, what);
-        uint8_t reply[kHelloBytes];
-        receiveExact(fd, reply, sizeof reply, deadline, what);
-        Hello theirs;
-        std::string problem = decodeHello(reply, theirs);
-        if (problem.empty()) problem = helloProblem(theirs, peer);
-        if (!problem.empty()) throw IoError(str(what, ": the peer ", problem));
-      } catch (const TimeoutError& e) {
-        ::close(fd);
-        throw TimeoutError(str(e.what(), " (the peer did not answer the hello)"));
-      } catch (const std::exception& e) {
-        ::close(fd);
-        throw IoError(
-            str("tcp transport: rank ", rank_, " could not connect to its peers: ", e.what()));
-      }
-      std::lock_guard<std::mutex> lock(mutex_);
-      peers_[size_t(peer)].fd = fd;
-      return;
-    }
-    if (rc == 0) ::freeaddrinfo(res);
-    if (Clock::now() >= deadline)
-      throw TimeoutError(str(what, ": timed out (last error: ", lastError, ")"));
-    std::this_thread::sleep_for(std::min(backoff, remaining(deadline)));
-    backoff = std::min(backoff * 2, Millis(100));
+  std::string lastError;
+  const int fd = net::connectUntil(host, port, deadline, Millis(2), Millis(100), lastError);
+  if (fd < 0) throw TimeoutError(str(what, ": timed out (last error: ", lastError, ")"));
+  try {
+    if (!secret_.empty())
+      auth::authenticate(fd, secret_, auth::Role::Client, kAuthContext,
+                         std::min(deadline, deadlineAfter(options_.auth.handshakeTimeout)),
+                         who(peer) + " at " + address);
+    const auto hello = encodeHello(Hello{rank_, size_, groupId_});
+    sendExact(fd, hello.data(), hello.size(), deadline, what);
+    uint8_t reply[kHelloBytes];
+    receiveExact(fd, reply, sizeof reply, deadline, what);
+    Hello theirs;
+    std::string problem = decodeHello(reply, theirs);
+    if (problem.empty()) problem = helloProblem(theirs, peer);
+    if (!problem.empty()) throw IoError(str(what, ": the peer ", problem));
+  } catch (const TimeoutError& e) {
+    ::close(fd);
+    throw TimeoutError(str(e.what(), " (the peer did not answer the hello)"));
+  } catch (const std::exception& e) {
+    ::close(fd);
+    throw IoError(
+        str("tcp transport: rank ", rank_, " could not connect to its peers: ", e.what()));
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  peers_[size_t(peer)].fd = fd;
 }
 
 void TcpTransport::setup(Deadline deadline) {
@@ -1422,7 +1351,7 @@ void TcpTransport::connectPeers(Deadline deadline) {
     Peer& p = peers_[size_t(peer)];
     p.name = who(peer);
     p.stage.resize(kStageBytes);
-    setSocketOptions(p.fd);
+    net::setNoDelay(p.fd);
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.u32 = uint32_t(peer);

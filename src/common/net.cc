@@ -1,0 +1,81 @@
+#include "common/net.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+namespace hetra::net {
+
+int pollMillis(Deadline deadline) {
+  constexpr int64_t kMaxPollMs = 3600 * 1000;
+  const auto left = std::chrono::ceil<Millis>(deadline - Clock::now()).count();
+  return int(std::clamp<int64_t>(left, 0, kMaxPollMs));
+}
+
+void setNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+namespace {
+
+// One connection attempt to one address, waiting at most a second (or to the deadline).
+int connectOnce(const addrinfo& ai, Deadline deadline, std::string& lastError) {
+  const int fd = ::socket(ai.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    lastError = std::strerror(errno);
+    return -1;
+  }
+  int err = 0;
+  if (::connect(fd, ai.ai_addr, ai.ai_addrlen) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int ready = ::poll(&p, 1, std::max(1, std::min(pollMillis(deadline), 1000)));
+      socklen_t len = sizeof err;
+      if (ready == 1)
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      else
+        err = ready == 0 ? ETIMEDOUT : errno;
+    }
+  }
+  if (err == 0) return fd;
+  lastError = std::strerror(err);
+  ::close(fd);
+  return -1;
+}
+
+}  // namespace
+
+int connectUntil(const std::string& host, const std::string& port, Deadline deadline,
+                 Millis firstPause, Millis maxPause, std::string& lastError) {
+  lastError = "no attempt";
+  Millis pause = firstPause;
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+    if (rc != 0) lastError = gai_strerror(rc);
+    int fd = -1;
+    for (addrinfo* ai = rc == 0 ? found : nullptr; ai && fd < 0; ai = ai->ai_next)
+      fd = connectOnce(*ai, deadline, lastError);
+    if (rc == 0) ::freeaddrinfo(found);
+    if (fd >= 0) return fd;
+    const Millis left = remaining(deadline);
+    if (left.count() <= 0) return -1;
+    std::this_thread::sleep_for(std::min(pause, left));
+    pause = std::min(pause * 2, maxPause);
+  }
+}
+
+}  // namespace hetra::net
