@@ -71,7 +71,8 @@ NVCC ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 build-cuda: deps
 	@if [ -z "$(NVCC)" ]; then echo "build-cuda: skipped, no CUDA toolkit (nvcc) on this machine"; else \
 	  cmake -S . -B $(CUDA_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
-	  cmake --build $(CUDA_BUILD) -j $(JOBS) && ctest --test-dir $(CUDA_BUILD) --output-on-failure -L gpu; fi
+	  cmake --build $(CUDA_BUILD) -j $(JOBS) --target hetra_cuda test_cuda hetra-gpu-check && \
+	  ctest --test-dir $(CUDA_BUILD) --output-on-failure -L gpu; fi
 
 # libFuzzer targets (clang) of fuzz/: the config parser and every wire-frame decoder, briefly each.
 FUZZ_BUILD ?= build-fuzz
