@@ -145,6 +145,27 @@ TEST(Trainer, ResumeRestoresEveryRanksErrorFeedback) {
   fs::remove_all(dir);
 }
 
+// A fresh run into a directory that holds another run's checkpoints is refused before it trains:
+// keep-K pruning would delete one run's checkpoints for the other's. Resuming it is fine.
+TEST(Trainer, AFreshRunRefusesAnotherRunsCheckpointDirectory) {
+  torch::set_num_threads(1);
+  const auto dir = tempDir("foreign");
+  const std::vector<std::string> sets = {
+      "train.steps=4", "train.checkpoint_every=4",
+      "train.checkpoint_dir=\"" + (dir / "ckpt").string() + "\""};
+  trainAll(tinyConfig(sets), dir / "first.jsonl");
+  try {
+    trainAll(tinyConfig(sets), dir / "second.jsonl");
+    FAIL() << "a fresh run wrote into another run's checkpoint directory";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("already holds checkpoints of an earlier run (step-4)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::exists(dir / "ckpt" / "step-4" / "MANIFEST")) << "the earlier run's checkpoint";
+  fs::remove_all(dir);
+}
+
 // Checkpoints every 4 steps with train.keep_checkpoints = 2 leave step-12 and step-16; with the
 // newest corrupted (a flipped byte, then a truncation) the run resumes from step 12 and trains 4
 // steps.

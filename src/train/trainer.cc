@@ -158,8 +158,9 @@ class Run {
     balancer_ = std::make_unique<balance::Balancer>(balancerOptions(), rankCaps());
     if (!options.resumeDir.empty())
       resume(options.resumeDir);
-    else
-      parallel_->broadcastParameters();
+    else if (config.train.checkpointEvery > 0)
+      refuseEarlierCheckpoints(config.train.checkpointDir);
+    if (options.resumeDir.empty()) parallel_->broadcastParameters();
     if (rank_ == 0 && !options.metricsPath.empty()) {
       metrics_.open(options.metricsPath,
                     startStep_ > 0 || options.appendMetrics ? std::ios::app : std::ios::trunc);
@@ -573,6 +574,29 @@ class Run {
         HETRA_INFO("train", "removed checkpoint ", old);
     }
     comm_->barrier()->wait();
+  }
+
+  // A fresh run must not write into another run's checkpoints: keep-K pruning goes by step number,
+  // so one would delete the other's, and a later --resume could pick the wrong run. Every rank
+  // checks (on one host they see the same directory, so all refuse alike).
+  static void refuseEarlierCheckpoints(const std::string& root) {
+    std::error_code error;
+    std::vector<std::string> found;
+    for (const auto& entry : fs::directory_iterator(root, error)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_directory() && name.rfind("step-", 0) == 0 &&
+          name.find_first_not_of("0123456789", 5) == std::string::npos && name.size() > 5)
+        found.push_back(name);
+    }
+    if (found.empty()) return;
+    std::sort(found.begin(), found.end());
+    std::string names;
+    for (size_t i = 0; i < found.size() && i < 3; ++i) names += (i ? ", " : "") + found[i];
+    if (found.size() > 3) names += ", ...";
+    throw ConfigError(str("train.checkpoint_dir = \"", root,
+                          "\" already holds checkpoints of an earlier run (", names,
+                          "): continue it with --resume ", root,
+                          ", or give this run another train.checkpoint_dir"));
   }
 
   void resume(const std::string& resumeDir) {
