@@ -42,8 +42,20 @@ int connectToServer() {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(uint16_t(server().port()));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    fuzz::fail(std::string("cannot connect to the store server: ") + std::strerror(errno));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    // libFuzzer's once-a-second SIGALRM may interrupt connect(); the connection then completes
+    // in the background, and SO_ERROR tells how it ended.
+    if (errno != EINTR)
+      fuzz::fail(std::string("cannot connect to the store server: ") + std::strerror(errno));
+    pollfd p{fd, POLLOUT, 0};
+    while (::poll(&p, 1, 5000) < 0 && errno == EINTR) {
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0)
+      fuzz::fail(std::string("cannot connect to the store server: ") + std::strerror(err));
+  }
   // Closed with a reset, not a FIN: tens of thousands of inputs would otherwise leave as many
   // sockets in TIME_WAIT and run out of local ports.
   const linger reset{1, 0};
