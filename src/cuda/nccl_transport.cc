@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/bootstrap.h"
+#include "comm/transport/abort_record.h"
 #include "common/errors.h"
 #include "common/logging.h"
 #include "cuda/cuda_check.h"
@@ -28,7 +29,6 @@ namespace hetra::cuda {
 namespace {
 
 constexpr const char* kIdKey = "nccl-id";
-constexpr const char* kAbortKey = "<abort>";
 // A waiter reads the group's abort record after this long, and again at this interval.
 constexpr Millis kProbeInterval{200};
 // Destruction finalises the communicator (flushing its work) for at most this long, then aborts.
@@ -376,25 +376,11 @@ class NcclTransportImpl final : public NcclTransport {
 
   void publishRecord(int culprit, const std::string& reason) {
     const std::string record = str(culprit, "\nrank ", culprit, " failed the group: ", reason);
-    try {
-      store_->compareSet(kAbortKey, {}, store::Bytes(record.begin(), record.end()));
-    } catch (const std::exception& e) {
-      HETRA_WARN("comm", "nccl: could not publish the abort record: ", e.what());
-    }
+    comm::publishAbortRecord(*store_, record, "nccl");
   }
 
   bool readAbortRecord(int& culprit, std::string& message) {
-    try {
-      if (!store_->check({kAbortKey})) return false;
-      const std::string record = store_->getString(kAbortKey, Millis(1000));
-      const size_t newline = record.find('\n');
-      if (newline == std::string::npos) return false;
-      culprit = std::stoi(record.substr(0, newline));
-      message = record.substr(newline + 1);
-      return true;
-    } catch (const std::exception&) {
-      return false;  // the store may have died with the rank that hosted it
-    }
+    return comm::readAbortRecord(*store_, culprit, message);
   }
 
   std::shared_ptr<store::Store> store_;
@@ -440,7 +426,7 @@ std::unique_ptr<NcclTransport> createNcclTransport(std::shared_ptr<store::Store>
 
   // A record left by an earlier group under this prefix would fail this one; rank 0 clears it
   // before publishing the id, and the other ranks read the id only after that.
-  if (rank == 0) store->deleteKey(kAbortKey);
+  if (rank == 0) store->deleteKey(comm::kAbortKey);
   const store::Bytes idBytes = comm::exchangeRootId(
       *store, kIdKey, rank,
       [] {

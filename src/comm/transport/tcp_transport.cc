@@ -57,6 +57,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "comm/transport/abort_record.h"
 #include "common/bytes.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -76,7 +77,6 @@ constexpr uint32_t kHelloMagic = 0x31485448;  // "HTH1"
 constexpr uint16_t kHelloVersion = 1;
 constexpr size_t kHelloBytes = 32;
 constexpr const char* kAuthContext = "hetra-tcp-transport";
-constexpr const char* kAbortKey = "<abort>";
 // A peer that fails shuts its connections and publishes its abort record; a rank that sees a
 // connection drop without an Abort frame waits this long for the record to appear.
 constexpr Millis kRecordGrace{500};
@@ -1029,25 +1029,11 @@ void TcpTransport::publishRecord() {
     record.swap(unpublishedRecord_);
   }
   if (record.empty()) return;
-  try {
-    store_->compareSet(kAbortKey, {}, store::Bytes(record.begin(), record.end()));
-  } catch (const std::exception& e) {
-    HETRA_WARN("comm", "tcp: could not publish the abort record: ", e.what());
-  }
+  publishAbortRecord(*store_, record, "tcp");
 }
 
 bool TcpTransport::readAbortRecord(int& culprit, std::string& message) {
-  try {
-    if (!store_->check({kAbortKey})) return false;
-    const std::string record = store_->getString(kAbortKey, Millis(1000));
-    const size_t newline = record.find('\n');
-    if (newline == std::string::npos) return false;
-    culprit = std::stoi(record.substr(0, newline));
-    message = record.substr(newline + 1);
-    return true;
-  } catch (const std::exception&) {
-    return false;  // the store may have died with the rank that hosted it
-  }
+  return comm::readAbortRecord(*store_, culprit, message);
 }
 
 void TcpTransport::disconnected(int peer, const std::string& why) {
