@@ -21,14 +21,18 @@ build: deps
 # Every test; then the communication, store and authentication tests again under AddressSanitizer +
 # UBSan and under ThreadSanitizer, and the training tests under AddressSanitizer + UBSan; then each fuzz target for FUZZ_SECONDS; then the MPI transport;
 # then the CUDA build where the toolkit is installed.
+# Each ctest run leaves a JUnit report; the last line of make test adds them all up.
+JUNIT := ctest-junit.xml
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300
+	@rm -f $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300 --output-junit $(JUNIT)
 	@$(MAKE) --no-print-directory test-asan
 	@$(MAKE) --no-print-directory test-asan-train
 	@$(MAKE) --no-print-directory test-tsan
 	@$(MAKE) --no-print-directory test-fuzz
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory build-cuda
+	@scripts/test-summary.sh $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
 
 # The comm sanitizer builds leave LibTorch out: they check our communication code, not LibTorch's.
 # Their tests, by ctest label (tests/CMakeLists.txt): a test missing here shows as "Not Run".
@@ -42,7 +46,7 @@ SANITIZED_LABELS := comm|store
 test-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=address >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target $(COMM_TESTS) $(STORE_TESTS)
-	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(SANITIZED_LABELS)"
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(SANITIZED_LABELS)" --output-junit $(JUNIT)
 
 # The training tests under ASan+UBSan: our training code instrumented, LibTorch as Debian built it.
 ASAN_TRAIN_BUILD ?= build-asan-train
@@ -50,29 +54,31 @@ TRAIN_TESTS := test_models test_datasets test_optim test_sampler test_data_paral
 test-asan-train: deps
 	@cmake -S . -B $(ASAN_TRAIN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_SANITIZE=address >/dev/null
 	@cmake --build $(ASAN_TRAIN_BUILD) -j $(JOBS) --target $(TRAIN_TESTS)
-	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_TRAIN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L train
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_TRAIN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L train --output-junit $(JUNIT)
 
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=thread >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(COMM_TESTS)
-	TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L comm
+	TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L comm --output-junit $(JUNIT)
 
 # The MPI transport (HETRA_WITH_MPI, Open MPI) under mpirun with 3 and 4 ranks.
 MPI_BUILD ?= build-mpi
 test-mpi: deps
 	@cmake -S . -B $(MPI_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_MPI=ON >/dev/null
 	@cmake --build $(MPI_BUILD) -j $(JOBS) --target test_mpi_transport
-	ctest --test-dir $(MPI_BUILD) --output-on-failure --timeout 300 -L mpi
+	ctest --test-dir $(MPI_BUILD) --output-on-failure --timeout 300 -L mpi --output-junit $(JUNIT)
 
 # The CUDA build (NCCL transport, codec kernels, staging) compiles wherever the CUDA toolkit is
-# installed, so it never rots; its tests need a GPU (scripts/gpu-check.sh) and skip without one.
+# installed, so it never rots; its tests need a GPU (scripts/gpu-check.sh) and run only where one is.
 CUDA_BUILD ?= build-cuda
 NVCC ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 build-cuda: deps
 	@if [ -z "$(NVCC)" ]; then echo "build-cuda: skipped, no CUDA toolkit (nvcc) on this machine"; else \
 	  cmake -S . -B $(CUDA_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
 	  cmake --build $(CUDA_BUILD) -j $(JOBS) --target hetra_cuda test_cuda hetra-gpu-check && \
-	  ctest --test-dir $(CUDA_BUILD) --output-on-failure -L gpu; fi
+	  if nvidia-smi -L >/dev/null 2>&1; then \
+	    ctest --test-dir $(CUDA_BUILD) --output-on-failure -L gpu --output-junit $(JUNIT); \
+	  else echo "build-cuda: built; its GPU tests not run, no GPU on this machine"; fi; fi
 
 # libFuzzer targets (clang) of fuzz/: the config parser and every wire-frame decoder, briefly each.
 FUZZ_BUILD ?= build-fuzz
