@@ -3,12 +3,10 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <torch/types.h>
+#include "train/fused_optim.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -281,7 +279,7 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(std::vector<torch::Tensor
                        .momentum(spec.momentum)
                        .nesterov(spec.nesterov)
                        .weight_decay(spec.weightDecay);
-    return std::make_unique<torch::optim::SGD>(std::move(params), options);
+    return std::make_unique<FusedSgd>(std::move(params), options);
   }
   if (spec.name != "adam" && spec.name != "adamw")
     throw ConfigError(str("train.optimizer = \"", spec.name,
@@ -293,11 +291,11 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(std::vector<torch::Tensor
   if (spec.name == "adam") {
     auto options = torch::optim::AdamOptions(spec.lr).betas(betas).eps(spec.eps).weight_decay(
         spec.weightDecay);
-    return std::make_unique<torch::optim::Adam>(std::move(params), options);
+    return std::make_unique<FusedAdam>(std::move(params), options);
   }
   auto options =
       torch::optim::AdamWOptions(spec.lr).betas(betas).eps(spec.eps).weight_decay(spec.weightDecay);
-  return std::make_unique<torch::optim::AdamW>(std::move(params), options);
+  return std::make_unique<FusedAdamW>(std::move(params), options);
 }
 
 LrSchedule::LrSchedule(const LrScheduleSpec& spec) : spec_(spec) {

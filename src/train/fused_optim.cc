@@ -1,0 +1,184 @@
+#include "train/fused_optim.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+namespace hetra::train {
+namespace {
+
+// LibTorch 1.x keys an optimizer's state by the printed address of the parameter's TensorImpl,
+// 2.x by the address itself; the map's key type says which.
+template <class StateMap>
+typename StateMap::key_type stateKey(const torch::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << static_cast<const void*>(p.unsafeGetTensorImpl());
+    return os.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+bool fusable(const torch::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32 &&
+         t.is_contiguous() && t.layout() == torch::kStrided;
+}
+
+// True when every parameter with a gradient can take the one-pass update.
+bool allFusable(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  for (const auto& group : groups)
+    for (const auto& p : group.params()) {
+      const auto& g = p.grad();
+      if (!g.defined()) continue;
+      if (!fusable(p) || !fusable(g) || g.numel() != p.numel()) return false;
+    }
+  return true;
+}
+
+torch::Tensor evaluate(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return {};
+  at::AutoGradMode enableGrad(true);
+  return closure();
+}
+
+// The loops are written for the vectorizer: restrict pointers, the options' branches hoisted out
+// as template arguments, float arithmetic as LibTorch does it on float tensors.
+template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
+void sgdLoop(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
+             float lr, float decay, float momentum, float dampening) {
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i];
+    if constexpr (kDecay) d += decay * p[i];
+    if constexpr (kMomentum) {
+      float b;
+      if constexpr (kFirst)
+        b = d;  // LibTorch starts the buffer as a copy of the first update
+      else
+        b = buf[i] * momentum + (1.0f - dampening) * d;
+      buf[i] = b;
+      d = kNesterov ? d + momentum * b : b;
+    }
+    p[i] -= lr * d;
+  }
+}
+
+using SgdLoop = void (*)(float*, const float*, float*, int64_t, float, float, float, float);
+
+template <bool kDecay>
+SgdLoop sgdLoopFor(bool momentum, bool first, bool nesterov) {
+  if (!momentum) return sgdLoop<kDecay, false, false, false>;
+  if (first)
+    return nesterov ? sgdLoop<kDecay, true, true, true> : sgdLoop<kDecay, true, true, false>;
+  return nesterov ? sgdLoop<kDecay, true, false, true> : sgdLoop<kDecay, true, false, false>;
+}
+
+// Adam (kDecoupled = false: L2 decay added to the gradient) and AdamW (decoupled: the parameter
+// shrinks by lr * decay before the update), with LibTorch's bias corrections and epsilon placement.
+template <bool kDecay, bool kDecoupled>
+void adamLoop(float* __restrict p, const float* __restrict g, float* __restrict m,
+              float* __restrict v, int64_t n, float decay, float shrink, float beta1, float beta2,
+              float rootCorrection2, float eps, float stepSize) {
+  for (int64_t i = 0; i < n; ++i) {
+    float x = p[i];
+    float d = g[i];
+    if constexpr (kDecay && kDecoupled) x *= shrink;
+    if constexpr (kDecay && !kDecoupled) d += decay * x;
+    const float mi = m[i] * beta1 + (1.0f - beta1) * d;
+    const float vi = v[i] * beta2 + (1.0f - beta2) * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = x - stepSize * (mi / (std::sqrt(vi) / rootCorrection2 + eps));
+  }
+}
+
+template <class Options, bool kDecoupled, class Map>
+void adamStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Map& state) {
+  for (auto& group : groups) {
+    auto& options = static_cast<Options&>(group.options());
+    const double beta1 = std::get<0>(options.betas()), beta2 = std::get<1>(options.betas());
+    const double decay = options.weight_decay(), lr = options.lr();
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& slot = state[stateKey<Map>(p)];
+      if (!slot) {
+        auto fresh = std::make_unique<torch::optim::AdamParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& s = static_cast<torch::optim::AdamParamState&>(*slot);
+      s.step(s.step() + 1);
+      const double correction1 = 1 - std::pow(beta1, double(s.step()));
+      const double correction2 = 1 - std::pow(beta2, double(s.step()));
+      const auto loop = decay != 0 ? adamLoop<true, kDecoupled> : adamLoop<false, kDecoupled>;
+      loop(p.data_ptr<float>(), p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
+           s.exp_avg_sq().data_ptr<float>(), p.numel(), float(decay), float(1 - lr * decay),
+           float(beta1), float(beta2), float(std::sqrt(correction2)), float(options.eps()),
+           float(lr / correction1));
+    }
+  }
+}
+
+}  // namespace
+
+torch::Tensor FusedSgd::step(LossClosure closure) {
+  if (!allFusable(param_groups_)) return torch::optim::SGD::step(std::move(closure));
+  torch::NoGradGuard noGrad;
+  torch::Tensor loss = evaluate(closure);
+  using Map = std::remove_reference_t<decltype(state_)>;
+  for (auto& group : param_groups_) {
+    auto& options = static_cast<torch::optim::SGDOptions&>(group.options());
+    const double momentum = options.momentum(), decay = options.weight_decay();
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      float* buffer = nullptr;
+      bool first = false;
+      if (momentum != 0) {
+        auto& slot = state_[stateKey<Map>(p)];
+        if (!slot) {
+          auto fresh = std::make_unique<torch::optim::SGDParamState>();
+          fresh->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
+          slot = std::move(fresh);
+          first = true;
+        }
+        buffer =
+            static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer().data_ptr<float>();
+      }
+      const auto loop = decay != 0 ? sgdLoopFor<true>(momentum != 0, first, options.nesterov())
+                                   : sgdLoopFor<false>(momentum != 0, first, options.nesterov());
+      loop(p.data_ptr<float>(), p.grad().data_ptr<float>(), buffer, p.numel(), float(options.lr()),
+           float(decay), float(momentum), float(options.dampening()));
+    }
+  }
+  return loss;
+}
+
+torch::Tensor FusedAdam::step(LossClosure closure) {
+  for (const auto& group : param_groups_)
+    if (static_cast<const torch::optim::AdamOptions&>(group.options()).amsgrad())
+      return torch::optim::Adam::step(std::move(closure));
+  if (!allFusable(param_groups_)) return torch::optim::Adam::step(std::move(closure));
+  torch::NoGradGuard noGrad;
+  torch::Tensor loss = evaluate(closure);
+  adamStep<torch::optim::AdamOptions, /*kDecoupled=*/false>(param_groups_, state_);
+  return loss;
+}
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  for (const auto& group : param_groups_)
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad())
+      return torch::optim::AdamW::step(std::move(closure));
+  if (!allFusable(param_groups_)) return torch::optim::AdamW::step(std::move(closure));
+  torch::NoGradGuard noGrad;
+  torch::Tensor loss = evaluate(closure);
+  adamStep<torch::optim::AdamWOptions, /*kDecoupled=*/true>(param_groups_, state_);
+  return loss;
+}
+
+}  // namespace hetra::train
