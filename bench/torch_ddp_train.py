@@ -7,7 +7,7 @@ default buckets over Gloo on 127.0.0.1. DDP averages the ranks' gradients, so ev
 number of samples for the result to be the gradient of the global batch: the global batch is split equally
 (512 over 3 ranks -> 171, 171, 170), whatever the devices' speeds.
 
-Emulation, the rule hetra applies (src/train/trainer.cc, docs/benchmarks.md): a device of slowdown s runs its
+Emulation, the rule hetra applies (src/device/slowdown.h, docs/benchmarks.md): a device of slowdown s runs its
 real compute phase (gather its samples, forward, backward, loss.item()), takes that phase's CPU time t (capped
 by the phase's wall time) and sleeps so that the phase lasts s*t (sleeps s*t - wall when positive). hetra
 launches its gradient allreduce at the end of backward and waits for it after the sleep. DDP instead
@@ -125,22 +125,38 @@ def load_fashion_mnist(torch, folder):
 
 class Emulator:
     """hetra's slowdown rule for one compute phase: with t the phase's CPU time so far (capped by its wall
-    time), sleep until the phase has lasted s*t. catch_up() applies it mid-phase, before DDP launches a
+    time), sleep until the phase has lasted s*t, less what earlier sleeps overran (hetra's
+    src/device/slowdown.h). catch_up() applies it mid-phase, before DDP launches a
     bucket's allreduce, so the slowed device's gradients become ready when a device s times slower would
     have them (and DDP's overlap of communication with backward is kept); end() applies it to the rest of
     the phase, whose wall time includes DDP's wait for the allreduce, so only its CPU time is stretched."""
 
+    MAX_DEBT_S = 0.005  # as hetra's device::SlowdownEmulator: late sleeps are paid back, up to this
+
     def __init__(self, slowdown, cpu_clock):
         self.s, self.clock = slowdown, cpu_clock
+        self.debt = 0.0
+        if slowdown > 1:  # as hetra: 1 ns timer slack on the thread that sleeps (PR_SET_TIMERSLACK)
+            import ctypes
+            ctypes.CDLL(None).prctl(29, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                                    ctypes.c_ulong(0))
 
     def begin(self):
         self.start, self.cpu_start = time.perf_counter(), self.clock()
         self.mark, self.slept, self.wall, self.cpu = None, 0.0, 0.0, 0.0
 
     def _sleep(self, seconds):
-        if self.s > 1 and seconds > 0:
-            time.sleep(seconds)
-            self.slept += seconds
+        if self.s <= 1 or seconds <= 0:
+            return
+        ask = seconds - self.debt
+        if ask <= 0:
+            self.debt = -ask
+            return
+        start = time.perf_counter()
+        time.sleep(ask)
+        actual = time.perf_counter() - start
+        self.slept += actual
+        self.debt = min(self.MAX_DEBT_S, max(0.0, actual - ask))
 
     def catch_up(self):
         wall = time.perf_counter() - self.start

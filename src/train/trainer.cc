@@ -17,6 +17,7 @@
 #include "balance/balancer.h"
 #include "common/errors.h"
 #include "common/logging.h"
+#include "device/slowdown.h"
 #include "train/data_parallel.h"
 #include "train/datasets.h"
 #include "train/models.h"
@@ -120,6 +121,8 @@ class Run {
         device_(config.devices.at(size_t(rank_))) {
     HETRA_ENFORCE_EQ(size_t(comm_->size()), config.devices.size(), "one rank per device");
     setComputeThreads(int(device_.threads));
+    if (slowdownAt(device_, 0) > 1.0 || !device_.slowdownSchedule.empty())
+      device::SlowdownEmulator::tightenTimerSlack();
     // A program's own data and model (TrainerOptions) replace the config's. A custom model's
     // footprint stays unknown (zero), which rankCaps reads as no cap.
     if (options.makeDataset) {
@@ -292,16 +295,12 @@ class Run {
     return caps;
   }
 
-  // An emulated device of slowdown s (docs/benchmarks.md) takes s times the compute phase's time t
+  // An emulated device of slowdown s (device/slowdown.h) takes s times the compute phase's time t
   // and so uses 1/s of its cores. t is the phase's CPU time per thread (at most its wall time):
   // when ranks share cores, wall time includes waiting for a core, which a slower device must not
   // multiply.
-  void emulateSlowdown(double slowdown, Clock::time_point start, double cpuSeconds) const {
-    if (slowdown <= 1.0) return;
-    const double wall = secondsSince(start);
-    const double work = std::min(wall, cpuSeconds / double(device_.threads));
-    const double sleep = slowdown * work - wall;
-    if (sleep > 0) std::this_thread::sleep_for(std::chrono::duration<double>(sleep));
+  void emulateSlowdown(double slowdown, Clock::time_point start, double cpuSeconds) {
+    emulator_.endPhase(slowdown, secondsSince(start), cpuSeconds / double(device_.threads));
   }
 
   // CPU seconds of the compute phase so far, for the emulation: with one thread, LibTorch and BLAS
@@ -697,6 +696,7 @@ class Run {
   MemoryFootprint footprint_;
   std::unique_ptr<DataParallel> parallel_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  device::SlowdownEmulator emulator_;
   std::unique_ptr<GlobalSampler> sampler_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<balance::Balancer> balancer_;

@@ -1,0 +1,44 @@
+// Emulated slow devices (docs/benchmarks.md): a rank of slowdown s runs its real computation and
+// then sleeps, so that each compute phase lasts s times the CPU work it did and the device runs at
+// 1/s of the CPU slot it has.
+//
+// Vocabulary: `wall` is a phase's elapsed seconds, `work` the seconds of computation it did (its
+// CPU time per thread, at most `wall`: when ranks share a core, waiting for the core must not be
+// multiplied by s). The phase is *owed* s × work − wall more seconds.
+//
+// A sleep ends late: the timer's slack, and on a busy core the wait until the scheduler runs the
+// rank again (measured here: 0.25 ms per phase on average, p90 0.6-1.2 ms, on the core two slow
+// devices share). That lateness is a *debt* the next phases pay back by sleeping less, so the
+// device runs at 1/s on average, as emulated, rather than slower by whatever the scheduler adds.
+// The debt is capped, so one long stall is not repaid by a burst at full speed.
+#pragma once
+
+#include <functional>
+
+namespace hetra::device {
+
+class SlowdownEmulator {
+ public:
+  // Sleeps about `seconds` and returns the seconds it actually slept.
+  using Sleep = std::function<double(double seconds)>;
+  static constexpr double kMaxDebtSeconds = 0.005;
+
+  explicit SlowdownEmulator(Sleep sleep = sleepFor);
+
+  // Ends a compute phase: sleeps what it owes, less the debt. Returns the seconds slept.
+  double endPhase(double slowdown, double wall, double work);
+
+  double debtSeconds() const { return debt_; }
+
+  // The calling thread's timer slack to 1 ns: the default 50 us is a few percent of a slow
+  // device's short phases. Call on the thread that runs the phases.
+  static void tightenTimerSlack();
+
+  static double sleepFor(double seconds);
+
+ private:
+  Sleep sleep_;
+  double debt_ = 0;
+};
+
+}  // namespace hetra::device
