@@ -129,10 +129,13 @@ TEST(Config, SetOverrides) {
   EXPECT_EQ(c.train.epochs, 2.0);
 
   // Later sets win; a set may add a device (the next index) or a whole section.
-  c = parse(kMinimal, {"train.lr=1", "train.lr=0.25", "devices.3.slowdown=8",
-                       "devices.3.name=slowest", "comm={ transport = \"tcp\", timeout_s = 5 }",
-                       "devices.0.slowdown_schedule=[[10, 2], [20, 1.5]]"});
+  c = parse(kMinimal,
+            {"train.lr=1", "train.lr=0.25", "devices.3.slowdown=8", "devices.3.name=slowest",
+             "comm={ transport = \"tcp\", timeout_s = 5 }",
+             "devices.0.slowdown_schedule=[[10, 2], [20, 1.5]]", "devices.3.max_micro_batch=48"});
   EXPECT_EQ(c.train.lr, 0.25);
+  EXPECT_EQ(c.devices[3].maxMicroBatch, 48);
+  EXPECT_EQ(c.devices[0].maxMicroBatch, 0);
   ASSERT_EQ(c.devices.size(), 4u);
   EXPECT_EQ(c.devices[3].slowdown, 8.0);
   EXPECT_EQ(c.devices[3].name, "slowest");
@@ -230,6 +233,8 @@ TEST(Config, BadConfigsNameKeyValueAndWhatIsAllowed) {
        {},
        {"run.toml:4: devices[2].slowdown = 0.5", "must be in [1, "}},
       {"[[devices]]\nthreads = 0\n", {}, {"devices[0].threads = 0", "in [1, 1024]"}},
+      {"[[devices]]\nmax_micro_batch = 0\n", {}, {"devices[0].max_micro_batch = 0", "in [1, "}},
+      {"[[devices]]\nmax_micro_batch = \"64\"\n", {}, {"devices[0].max_micro_batch", "integer"}},
       {"[[devices]]\nkind = \"tpu\"\n",
        {},
        {"devices[0].kind = \"tpu\"", "\"cpu\", \"cuda\", \"rocm\""}},

@@ -78,6 +78,36 @@ TEST(Trainer, UnevenThreeRankRunFollowsTheOneRankRun) {
   fs::remove_all(dir);
 }
 
+// devices[].max_micro_batch caps the micro-batch: the device accumulates over more, smaller
+// micro-batches and the optimisation is the same as without the cap.
+TEST(Trainer, MaxMicroBatchSplitsTheShareWithoutChangingTheResult) {
+  torch::set_num_threads(1);
+  const auto dir = tempDir("micro");
+  const auto capped =
+      trainAll(tinyConfig({"train.steps=6", "devices=[{name=\"solo\", max_micro_batch=20}]"}),
+               dir / "capped.jsonl");
+  const auto whole =
+      trainAll(tinyConfig({"train.steps=6", "devices=[{name=\"solo\"}]"}), dir / "whole.jsonl");
+  ASSERT_EQ(capped.size(), 6u);
+  ASSERT_EQ(whole.size(), 6u);
+  for (size_t s = 0; s < 6; ++s)
+    EXPECT_NEAR(capped[s], whole[s], 1e-5 * std::abs(whole[s])) << "step " << s + 1;
+  std::ifstream in(dir / "capped.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "step") continue;
+    ++steps;
+    const auto& rank = record["ranks"][0];
+    EXPECT_EQ(rank["batch"].get<int64_t>(), 64);
+    EXPECT_LE(rank["micro_batch"].get<int64_t>(), 20);
+    EXPECT_EQ(rank["accum"].get<int64_t>(), 4);  // 64 samples in micro-batches of at most 20
+  }
+  EXPECT_EQ(steps, 6);
+  fs::remove_all(dir);
+}
+
 TEST(Trainer, ResumedRunEndsWhereAnUninterruptedRunEnds) {
   torch::set_num_threads(1);
   const auto dir = tempDir("resume");

@@ -627,10 +627,15 @@ const Fields<DeviceConfig>& deviceFields() {
                  "emulation: runs this many times slower"),
         scheduleField(),
         memoryField(),
+        intField("max_micro_batch", &D::maxMicroBatch, within(1, int64_t(1) << 40),
+                 "most samples per micro-batch (besides the memory cap)"),
         intField("index", &D::index, within(0, 1 << 16), "cuda/rocm: GPU index"),
         stringField("host", &D::host, "host of this rank (\"\" = this one); hosts: via mpirun"),
     };
-    // Only GPUs have an index; a cpu device keeps -1.
+    // Unset (0) is not written back; only GPUs have an index (a cpu device keeps -1).
+    f[f.size() - 3].write = [](const D& d) {
+      return d.maxMicroBatch == 0 ? std::string() : std::to_string(d.maxMicroBatch);
+    };
     f[f.size() - 2].write = [](const D& d) {
       return d.kind == "cpu" ? std::string() : std::to_string(d.index);
     };

@@ -124,7 +124,11 @@ struct DeviceConfig {
   double slowdown = 1.0;  // emulation: >= 1, 1 = full speed (docs/benchmarks.md)
   std::vector<SlowdownChange> slowdownSchedule;  // steps strictly increasing, factors >= 1
   int64_t memoryBytes = 0;  // memory cap bounding the micro-batch; 0 = unlimited
-  int64_t index = -1;       // cuda/rocm: GPU index (default: n-th device of that kind); -1 for cpu
+  // Most samples in one micro-batch, on top of what `memory` allows; 0 = no such cap. For a device
+  // whose memory use the footprint model misjudges, and to measure a device alone at the
+  // micro-batch it had in a cluster run (bench/compare_training.py).
+  int64_t maxMicroBatch = 0;
+  int64_t index = -1;  // cuda/rocm: GPU index (default: n-th device of that kind); -1 for cpu
   // The host this rank runs on ("" = this one). Naming hosts makes hetra run start the ranks
   // through mpirun ([launch]); the devices of one host are listed together.
   std::string host;

@@ -290,6 +290,8 @@ class Run {
       balance::RankCaps c;
       if (device.memoryBytes > 0 && footprint_.bytesPerSample > 0)  // > 0: footprint known
         c.maxMicroBatch = maxMicroBatch(footprint_, device.memoryBytes);
+      if (device.maxMicroBatch > 0)
+        c.maxMicroBatch = std::min(c.maxMicroBatch, device.maxMicroBatch);
       caps.push_back(c);
     }
     return caps;
