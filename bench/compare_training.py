@@ -6,6 +6,10 @@ in an order that rotates from round to round:
   - hetra solo runs: the scenario's config with one device of slowdown s (each distinct s), same model,
     data, optimizer and global batch, the whole global batch as one micro-batch (no memory cap): solo_s;
   - hetra on the scenario's devices (its metrics' final samples_per_s);
+  - right after it, each of its devices alone again, now at the micro-batch that device had in that run
+    (devices[].max_micro_batch = the median over its measured steps): solo_i as benchmarks.md defines it,
+    "one rank, same model, same micro-batch". Both ideals are reported: the one above (every device at
+    the whole global batch, the stricter) and this one;
   - bench/torch_ddp_train.py on the same devices (equal split, DDP, Gloo), with the slowdown applied before
     each bucket's allreduce, and, for scenarios with slowed devices, also with the sleep after backward;
   - a PyTorch solo run at slowdown 1, to compare the two stacks' per-sample speed.
@@ -117,6 +121,12 @@ def hetra_sets(steps, solo_slowdown=None):
     return sets
 
 
+def micro_solo_sets(steps, slowdown, micro_batch):
+    # One device of this slowdown whose micro-batch is capped at what it had in the cluster run; the
+    # global batch stays the scenario's, so it accumulates over several micro-batches as needed.
+    return hetra_sets(steps) + [f'devices=[{{name="solo", slowdown={slowdown:g}, max_micro_batch={micro_batch}}}]']
+
+
 def hetra_cmd(a, config, sets, metrics=None):
     cmd = [a.hetra, "run", config]
     for s in sets:
@@ -147,7 +157,9 @@ def plan_runs(a, scenarios):
                              "warmup": warmup_of(steps, sc["profile_steps"])}
             solo_key[(sc["name"], s)] = key
         runs[f"hetra-{sc['name']}"] = {"kind": "hetra", "config": sc["config"], "sets": hetra_sets(a.steps),
-                                       "warmup": warmup_of(a.steps, sc["profile_steps"])}
+                                       "warmup": warmup_of(a.steps, sc["profile_steps"]),
+                                       "scenario_name": sc["name"], "slowdowns": sc["slowdowns"],
+                                       "profile_steps": sc["profile_steps"]}
         modes = ["bucket"] + (["after-backward"] if a.after_backward and max(sc["slowdowns"]) > 1 else [])
         for mode in modes:
             runs[f"ddp-{sc['name']}" + ("" if mode == "bucket" else "-ab")] = {
@@ -160,6 +172,32 @@ def plan_runs(a, scenarios):
     for r in runs.values():
         r.pop("text", None)
     return runs, {f"{k[0]}:{k[1]:g}": v for k, v in solo_key.items()}
+
+
+def run_micro_solos(a, cluster, results, rnd, out):
+    """Each device of the cluster run `cluster` alone at the micro-batch it had there; returns failures."""
+    failures, name = 0, cluster["scenario_name"]
+    ranks = results[f"hetra-{name}"][rnd]["ranks"]
+    for i, (s, rank) in enumerate(zip(cluster["slowdowns"], ranks)):
+        key, steps = f"msolo-{name}-{i}", a.solo_steps if s == 1 else max(60, int(a.solo_steps / s))
+        stem = os.path.join(out, f"r{rnd}-{key}")
+        micro = rank["micro_batch_median"]
+        results.setdefault(key, [None] * a.rounds)
+        t0 = time.monotonic()
+        rc = run(locked(a, hetra_cmd(a, cluster["config"], micro_solo_sets(steps, s, micro), stem + ".jsonl")),
+                 a.timeout, stem + ".log")
+        try:
+            if rc != 0:
+                raise RuntimeError(f"exit status {rc}")
+            res = hetra_result(stem + ".jsonl", warmup_of(steps, cluster["profile_steps"]))
+            res["micro_batch"] = micro
+            results[key][rnd] = res
+            log(f"round {rnd + 1}/{a.rounds} {key} (slowdown {s:g}, micro-batch {micro}): "
+                f"{res['samples_per_s']:.0f} samples/s ({time.monotonic() - t0:.1f}s)")
+        except (RuntimeError, OSError, ValueError, StopIteration, KeyError, IndexError) as e:
+            failures += 1
+            log(f"round {rnd + 1}/{a.rounds} {key}: FAILED ({e}); see {stem}.log")
+    return failures
 
 
 def torch_cmd(a, r, json_path):
@@ -188,6 +226,7 @@ def hetra_result(path, warmup):
     for i, rank in enumerate(steps[-1]["ranks"]):
         ranks.append({"device": rank["device"], "batch": rank["batch"], "micro_batch": rank["micro_batch"],
                       "accum": rank["accum"],
+                      "micro_batch_median": round(median(s["ranks"][i]["micro_batch"] for s in steps)),
                       "compute_s": median(s["ranks"][i]["compute_s"] for s in steps),
                       "comm_s": median(s["ranks"][i]["comm_s"] for s in steps)})
     return {"samples_per_s": final["samples_per_s"], "step_time_s": median(s["step_time_s"] for s in steps),
@@ -272,6 +311,9 @@ def main():
             except (RuntimeError, OSError, ValueError, StopIteration, KeyError, IndexError) as e:
                 failures += 1
                 log(f"round {rnd + 1}/{a.rounds} {key}: FAILED ({e}); see {stem}.log")
+                continue
+            if "scenario_name" in r:
+                failures += run_micro_solos(a, r, results, rnd, out)
     facts["elapsed_s"] = round(time.monotonic() - started)
     saved = {"command": "bench/compare_training.sh " + shlex.join(sys.argv[1:]), "facts": facts,
              "rounds": a.rounds, "steps": a.steps, "solo_steps": a.solo_steps, "lock": a.lock,
@@ -342,6 +384,27 @@ def render(saved, spread):
                cell(per_round(saved, lambda r: sps(ak, r)), 0, spread) if has_ab else "= DDP",
                cell(per_round(saved, lambda r: sps(hk, r) / sps(ak, r)), 2, spread, "x") if has_ab else "-"]
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Against solo_i as benchmarks.md defines it (one rank, same model, *same micro-batch*): each device "
+              "alone at the micro-batch it had in the cluster run of the same round, accumulating to the same "
+              "global batch:", "",
+              "| scenario | micro-batch per device | solo_i at that micro-batch | ideal | hetra | efficiency |",
+              "|---|---|---|---|---|---|"]
+    for sc in saved["scenarios"]:
+        name, n = sc["name"], len(sc["slowdowns"])
+        keys = [f"msolo-{name}-{i}" for i in range(n)]
+        if not all(k in res for k in keys):
+            continue
+
+        def micro_ideal(rnd, keys=keys):
+            return sum(sps(k, rnd) for k in keys)
+
+        micros = " / ".join(
+            "-".join(sorted({str(x["micro_batch"]) for x in res[k] if x}, key=int)) for k in keys)
+        solos = " / ".join(cell(per_round(saved, lambda r, k=k: sps(k, r)), 0, False) for k in keys)
+        lines.append("| " + " | ".join([
+            name, micros, solos, cell(per_round(saved, micro_ideal), 0, spread),
+            cell(per_round(saved, lambda r: sps(f"hetra-{name}", r)), 0, spread),
+            cell(per_round(saved, lambda r: sps(f"hetra-{name}", r) / micro_ideal(r)), 3, spread)]) + " |")
     lines.append("")
     bounds = []
     for sc in saved["scenarios"]:
