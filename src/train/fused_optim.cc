@@ -96,7 +96,9 @@ void adamLoop(float* __restrict p, const float* __restrict g, float* __restrict 
   }
 }
 
-template <class Options, bool kDecoupled, class Map>
+// State is the optimizer's own state class (Adam and AdamW each have one; LibTorch casts to it
+// when it saves or loads a checkpoint).
+template <class Options, class State, bool kDecoupled, class Map>
 void adamStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Map& state) {
   for (auto& group : groups) {
     auto& options = static_cast<Options&>(group.options());
@@ -106,20 +108,22 @@ void adamStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Map& state
       if (!p.grad().defined()) continue;
       auto& slot = state[stateKey<Map>(p)];
       if (!slot) {
-        auto fresh = std::make_unique<torch::optim::AdamParamState>();
+        auto fresh = std::make_unique<State>();
         fresh->step(0);
         fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
         fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
         slot = std::move(fresh);
       }
-      auto& s = static_cast<torch::optim::AdamParamState&>(*slot);
+      auto& s = static_cast<State&>(*slot);
       s.step(s.step() + 1);
       const double correction1 = 1 - std::pow(beta1, double(s.step()));
       const double correction2 = 1 - std::pow(beta2, double(s.step()));
       const auto loop = decay != 0 ? adamLoop<true, kDecoupled> : adamLoop<false, kDecoupled>;
-      loop(p.data_ptr<float>(), p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
-           s.exp_avg_sq().data_ptr<float>(), p.numel(), float(decay), float(1 - lr * decay),
-           float(beta1), float(beta2), float(std::sqrt(correction2)), float(options.eps()),
+      torch::Tensor& m = s.exp_avg();  // dependent type: name the tensors before data_ptr<float>
+      torch::Tensor& v = s.exp_avg_sq();
+      loop(p.data_ptr<float>(), p.grad().data_ptr<float>(), m.data_ptr<float>(),
+           v.data_ptr<float>(), p.numel(), float(decay), float(1 - lr * decay), float(beta1),
+           float(beta2), float(std::sqrt(correction2)), float(options.eps()),
            float(lr / correction1));
     }
   }
@@ -166,7 +170,8 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
   if (!allFusable(param_groups_)) return torch::optim::Adam::step(std::move(closure));
   torch::NoGradGuard noGrad;
   torch::Tensor loss = evaluate(closure);
-  adamStep<torch::optim::AdamOptions, /*kDecoupled=*/false>(param_groups_, state_);
+  adamStep<torch::optim::AdamOptions, torch::optim::AdamParamState, /*kDecoupled=*/false>(
+      param_groups_, state_);
   return loss;
 }
 
@@ -177,7 +182,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   if (!allFusable(param_groups_)) return torch::optim::AdamW::step(std::move(closure));
   torch::NoGradGuard noGrad;
   torch::Tensor loss = evaluate(closure);
-  adamStep<torch::optim::AdamWOptions, /*kDecoupled=*/true>(param_groups_, state_);
+  adamStep<torch::optim::AdamWOptions, torch::optim::AdamWParamState, /*kDecoupled=*/true>(
+      param_groups_, state_);
   return loss;
 }
 
