@@ -182,22 +182,30 @@ def run_micro_solos(a, cluster, results, rnd, out):
         key, steps = f"msolo-{name}-{i}", a.solo_steps if s == 1 else max(60, int(a.solo_steps / s))
         stem = os.path.join(out, f"r{rnd}-{key}")
         micro = rank["micro_batch_median"]
-        results.setdefault(key, [None] * a.rounds)
-        t0 = time.monotonic()
-        rc = run(locked(a, hetra_cmd(a, cluster["config"], micro_solo_sets(steps, s, micro), stem + ".jsonl")),
-                 a.timeout, stem + ".log")
-        try:
-            if rc != 0:
-                raise RuntimeError(f"exit status {rc}")
-            res = hetra_result(stem + ".jsonl", warmup_of(steps, cluster["profile_steps"]))
-            res["micro_batch"] = micro
-            results[key][rnd] = res
-            log(f"round {rnd + 1}/{a.rounds} {key} (slowdown {s:g}, micro-batch {micro}): "
-                f"{res['samples_per_s']:.0f} samples/s ({time.monotonic() - t0:.1f}s)")
-        except (RuntimeError, OSError, ValueError, StopIteration, KeyError, IndexError) as e:
+        res = measure(a, hetra_cmd(a, cluster["config"], micro_solo_sets(steps, s, micro), stem + ".jsonl"),
+                      stem, lambda: hetra_result(stem + ".jsonl", warmup_of(steps, cluster["profile_steps"])),
+                      f"round {rnd + 1}/{a.rounds} {key} (slowdown {s:g}, micro-batch {micro})")
+        results.setdefault(key, [None] * a.rounds)[rnd] = res
+        if res is None:
             failures += 1
-            log(f"round {rnd + 1}/{a.rounds} {key}: FAILED ({e}); see {stem}.log")
+        else:
+            res["micro_batch"] = micro
     return failures
+
+
+def measure(a, cmd, stem, parse, label):
+    """Runs cmd under the lock (output to STEM.log) and returns parse(), or None after logging the failure."""
+    t0 = time.monotonic()
+    rc = run(locked(a, cmd), a.timeout, stem + ".log")
+    try:
+        if rc != 0:
+            raise RuntimeError(f"exit status {rc}")
+        res = parse()
+    except (RuntimeError, OSError, ValueError, StopIteration, KeyError, IndexError) as e:
+        log(f"{label}: FAILED ({e}); see {stem}.log")
+        return None
+    log(f"{label}: {res['samples_per_s']:.0f} samples/s ({time.monotonic() - t0:.1f}s)")
+    return res
 
 
 def torch_cmd(a, r, json_path):
@@ -296,21 +304,13 @@ def main():
                 cmd = hetra_cmd(a, r["config"], r["sets"], stem + ".jsonl")
             else:
                 cmd = torch_cmd(a, r, stem + ".json")
-            t0 = time.monotonic()
-            rc = run(locked(a, cmd), a.timeout, stem + ".log")
-            try:
-                if rc != 0:
-                    raise RuntimeError(f"exit status {rc}")
-                if r["kind"] == "hetra":
-                    res = hetra_result(stem + ".jsonl", r["warmup"])
-                else:
-                    res = torch_result(stem + ".json")
-                results[key][rnd] = res
-                log(f"round {rnd + 1}/{a.rounds} {key}: {res['samples_per_s']:.0f} samples/s "
-                    f"({time.monotonic() - t0:.1f}s)")
-            except (RuntimeError, OSError, ValueError, StopIteration, KeyError, IndexError) as e:
+            if r["kind"] == "hetra":
+                parse = lambda stem=stem, r=r: hetra_result(stem + ".jsonl", r["warmup"])
+            else:
+                parse = lambda stem=stem: torch_result(stem + ".json")
+            results[key][rnd] = measure(a, cmd, stem, parse, f"round {rnd + 1}/{a.rounds} {key}")
+            if results[key][rnd] is None:
                 failures += 1
-                log(f"round {rnd + 1}/{a.rounds} {key}: FAILED ({e}); see {stem}.log")
                 continue
             if "scenario_name" in r:
                 failures += run_micro_solos(a, r, results, rnd, out)

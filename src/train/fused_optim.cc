@@ -129,6 +129,20 @@ void adamStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Map& state
   }
 }
 
+// Adam's or AdamW's step: the one-pass loop, or LibTorch's own operations (`fallback`) for
+// AMSGrad and for parameters the loop cannot take.
+template <class Options, class State, bool kDecoupled, class Map, class Fallback>
+torch::Tensor adamStepOrFallback(std::vector<torch::optim::OptimizerParamGroup>& groups, Map& state,
+                                 torch::optim::Optimizer::LossClosure closure, Fallback fallback) {
+  for (const auto& group : groups)
+    if (static_cast<const Options&>(group.options()).amsgrad()) return fallback(std::move(closure));
+  if (!allFusable(groups)) return fallback(std::move(closure));
+  torch::NoGradGuard noGrad;
+  torch::Tensor loss = evaluate(closure);
+  adamStep<Options, State, kDecoupled>(groups, state);
+  return loss;
+}
+
 }  // namespace
 
 torch::Tensor FusedSgd::step(LossClosure closure) {
@@ -164,27 +178,15 @@ torch::Tensor FusedSgd::step(LossClosure closure) {
 }
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
-  for (const auto& group : param_groups_)
-    if (static_cast<const torch::optim::AdamOptions&>(group.options()).amsgrad())
-      return torch::optim::Adam::step(std::move(closure));
-  if (!allFusable(param_groups_)) return torch::optim::Adam::step(std::move(closure));
-  torch::NoGradGuard noGrad;
-  torch::Tensor loss = evaluate(closure);
-  adamStep<torch::optim::AdamOptions, torch::optim::AdamParamState, /*kDecoupled=*/false>(
-      param_groups_, state_);
-  return loss;
+  return adamStepOrFallback<torch::optim::AdamOptions, torch::optim::AdamParamState, false>(
+      param_groups_, state_, std::move(closure),
+      [this](LossClosure c) { return torch::optim::Adam::step(std::move(c)); });
 }
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
-  for (const auto& group : param_groups_)
-    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad())
-      return torch::optim::AdamW::step(std::move(closure));
-  if (!allFusable(param_groups_)) return torch::optim::AdamW::step(std::move(closure));
-  torch::NoGradGuard noGrad;
-  torch::Tensor loss = evaluate(closure);
-  adamStep<torch::optim::AdamWOptions, torch::optim::AdamWParamState, /*kDecoupled=*/true>(
-      param_groups_, state_);
-  return loss;
+  return adamStepOrFallback<torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>(
+      param_groups_, state_, std::move(closure),
+      [this](LossClosure c) { return torch::optim::AdamW::step(std::move(c)); });
 }
 
 }  // namespace hetra::train
