@@ -18,9 +18,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "process_testing.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using hetra::test::rankProcesses;
+using hetra::test::shmSegmentsOf;
+using hetra::test::slurp;
 
 struct Result {
   int status = -1;
@@ -167,38 +172,6 @@ struct FaultRun {
   std::string output;
   std::vector<pid_t> ranks;
 };
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// The child processes of `parent` with HETRA_RANK set, indexed by rank.
-std::vector<pid_t> rankProcesses(pid_t parent, int ranks) {
-  std::vector<pid_t> out(size_t(ranks), -1);
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string status = slurp(entry.path() / "status");
-    const auto ppid = status.find("PPid:\t");
-    if (ppid == std::string::npos || std::stoi(status.substr(ppid + 6)) != parent) continue;
-    const std::string environ = slurp(entry.path() / "environ");
-    const auto at = environ.find(std::string("HETRA_RANK="));
-    if (at == std::string::npos || (at > 0 && environ[at - 1] != '\0')) continue;
-    const int rank = std::atoi(environ.c_str() + at + 11);
-    if (rank >= 0 && rank < ranks) out[size_t(rank)] = pid_t(std::stoi(name));
-  }
-  return out;
-}
-
-std::vector<std::string> shmSegmentsOf(const std::vector<pid_t>& pids) {
-  std::vector<std::string> out;
-  for (const auto& entry : fs::directory_iterator("/dev/shm"))
-    for (pid_t pid : pids)
-      if (entry.path().filename().string().rfind("hetra-" + std::to_string(pid) + "-", 0) == 0)
-        out.push_back(entry.path().filename());
-  return out;
-}
 
 FaultRun runAndSignal(int sig, int victim) {
   const auto dir = tempDir("fault");

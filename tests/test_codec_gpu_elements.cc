@@ -19,16 +19,8 @@ namespace {
 
 namespace el = hetra::cuda::elements;
 
-uint32_t bitsOf(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-float floatOf(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
+using el::bitsOf;  // the kernels' own bit casts, host-compiled
+using el::floatOf;
 
 // Random float32 patterns of every class: uniform bits (NaN payloads, subnormals, huge and tiny),
 // plus values near the formats' rounding boundaries and specials.

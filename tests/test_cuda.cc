@@ -17,6 +17,7 @@
 #include "comm/codec/codec.h"
 #include "comm/transport/tcp_transport.h"
 #include "common/errors.h"
+#include "cuda/codec_elements.h"
 #include "cuda/codec_kernels.h"
 #include "cuda/cuda_check.h"
 #include "cuda/nccl_transport.h"
@@ -50,16 +51,8 @@ struct DeviceBuffer {
   size_t bytes;
 };
 
-uint32_t bitsOf(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-float floatOf(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
+using cuda::elements::bitsOf;
+using cuda::elements::floatOf;
 
 // Mixed inputs: blocks of different magnitudes, every float class (NaN payloads, Inf,
 // subnormals), values at rounding boundaries.

@@ -37,6 +37,18 @@ RunConfig tinyConfig(const std::vector<std::string>& sets) {
   return parseConfig(text, "tiny_synthetic.toml", all);
 }
 
+// The step records of a metrics file.
+std::vector<nlohmann::json> stepRecords(const fs::path& metrics) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto record = nlohmann::json::parse(line);
+    if (record["event"] == "step") records.push_back(std::move(record));
+  }
+  return records;
+}
+
 // Trains with one thread per device; returns the losses of the step records.
 std::vector<double> trainAll(const RunConfig& config, const fs::path& metrics,
                              const std::string& resume = "") {
@@ -55,13 +67,17 @@ std::vector<double> trainAll(const RunConfig& config, const fs::path& metrics,
     train(config, comm, options);
   });
   std::vector<double> losses;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto record = nlohmann::json::parse(line);
-    if (record["event"] == "step") losses.push_back(record["loss"].get<double>());
-  }
+  for (const auto& record : stepRecords(metrics)) losses.push_back(record["loss"].get<double>());
   return losses;
+}
+
+// Step by step, `actual` losses within `relative` of `expected`, as many of each.
+void expectSameLosses(const std::vector<double>& actual, const std::vector<double>& expected,
+                      size_t steps, double relative) {
+  ASSERT_EQ(actual.size(), steps);
+  ASSERT_EQ(expected.size(), steps);
+  for (size_t s = 0; s < steps; ++s)
+    EXPECT_NEAR(actual[s], expected[s], relative * std::abs(expected[s])) << "step " << s + 1;
 }
 
 TEST(Trainer, UnevenThreeRankRunFollowsTheOneRankRun) {
@@ -71,10 +87,7 @@ TEST(Trainer, UnevenThreeRankRunFollowsTheOneRankRun) {
   const auto hetero = trainAll(tinyConfig({"train.steps=20"}), dir / "hetero.jsonl");
   const auto single =
       trainAll(tinyConfig({"train.steps=20", "devices=[{name=\"solo\"}]"}), dir / "single.jsonl");
-  ASSERT_EQ(hetero.size(), 20u);
-  ASSERT_EQ(single.size(), 20u);
-  for (size_t s = 0; s < 20; ++s)
-    EXPECT_NEAR(hetero[s], single[s], 1e-4 * std::abs(single[s])) << "step " << s + 1;
+  expectSameLosses(hetero, single, 20, 1e-4);
   fs::remove_all(dir);
 }
 
@@ -88,23 +101,15 @@ TEST(Trainer, MaxMicroBatchSplitsTheShareWithoutChangingTheResult) {
                dir / "capped.jsonl");
   const auto whole =
       trainAll(tinyConfig({"train.steps=6", "devices=[{name=\"solo\"}]"}), dir / "whole.jsonl");
-  ASSERT_EQ(capped.size(), 6u);
-  ASSERT_EQ(whole.size(), 6u);
-  for (size_t s = 0; s < 6; ++s)
-    EXPECT_NEAR(capped[s], whole[s], 1e-5 * std::abs(whole[s])) << "step " << s + 1;
-  std::ifstream in(dir / "capped.jsonl");
-  std::string line;
-  int steps = 0;
-  while (std::getline(in, line)) {
-    const auto record = nlohmann::json::parse(line);
-    if (record["event"] != "step") continue;
-    ++steps;
+  expectSameLosses(capped, whole, 6, 1e-5);
+  const auto records = stepRecords(dir / "capped.jsonl");
+  ASSERT_EQ(records.size(), 6u);
+  for (const auto& record : records) {
     const auto& rank = record["ranks"][0];
     EXPECT_EQ(rank["batch"].get<int64_t>(), 64);
     EXPECT_LE(rank["micro_batch"].get<int64_t>(), 20);
     EXPECT_EQ(rank["accum"].get<int64_t>(), 4);  // 64 samples in micro-batches of at most 20
   }
-  EXPECT_EQ(steps, 6);
   fs::remove_all(dir);
 }
 
