@@ -23,13 +23,18 @@ using test::runRanks;
 constexpr Compression kCodecs[] = {Compression::F16, Compression::BF16, Compression::Fp8E4M3,
                                    Compression::Fp8E5M2};
 
-GroupOptions compressedOptions(const std::string& transport, Compression kind) {
+GroupOptions groupOn(const std::string& transport) {
   GroupOptions o;
   o.transport = transport;
   o.timeout = Millis(20000);
-  o.compression = kind;
-  o.compressionMinBytes = 0;
   return o;
+}
+
+// The operations' policy: every size compressed with `kind` unless a floor is given.
+OpPolicy compressedWith(Compression kind, size_t minBytes = 0) {
+  OpPolicy policy;
+  policy.compression = CompressionPolicy(kind, 256, minBytes);
+  return policy;
 }
 
 // Inputs of rank r: distinct per rank and element, signed, spanning a few binades (and all within
@@ -77,10 +82,12 @@ TEST_P(CompressedAllreduce, WithinTheBoundAndIdenticalOnEveryRank) {
       for (double x : exact) exactMax = std::max(exactMax, std::fabs(x));
       const double bound = unitRoundoff(kind) * (scale + exactMax) + 1e-6 * scale;
       runRanks(n, [&](int r) {
-        auto comm = Communicator::create(store, r, n, compressedOptions(transport, kind));
+        auto comm = Communicator::create(store, r, n, groupOn(transport));
         auto buffer = inputOf(r, count);
         std::vector<float> out(count, -1.0f);
-        comm->allreduce(buffer.data(), out.data(), count, DType::F32, ReduceOp::Sum)->wait();
+        comm->allreduce(buffer.data(), out.data(), count, DType::F32, ReduceOp::Sum,
+                        compressedWith(kind))
+            ->wait();
         results[r] = out;
       });
       double worst = 0;
@@ -118,9 +125,11 @@ TEST(CompressedAllreduceError, DoesNotGrowWithTheWorldSize) {
       for (size_t i = 0; i < count; ++i) exact[i] += in[i];
     }
     runRanks(n, [&](int r) {
-      auto comm = Communicator::create(store, r, n, compressedOptions("shm", Compression::Fp8E4M3));
+      auto comm = Communicator::create(store, r, n, groupOn("shm"));
       auto buffer = inputOf(r, count);
-      comm->allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum)->wait();
+      comm->allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum,
+                      compressedWith(Compression::Fp8E4M3))
+          ->wait();
       if (r == 0) result = buffer;
     });
     double rms = 0;
@@ -138,16 +147,16 @@ TEST(CompressedAllreduceBytes, WireBytesShrinkByTheCodecsRatio) {
     auto store = std::make_shared<store::MemoryStore>();
     std::vector<double> ratio(n);
     runRanks(n, [&](int r) {
-      auto plain = Communicator::create(store, r, n, compressedOptions("tcp", Compression::None));
-      auto packed = plain->split(0, r, compressedOptions("tcp", kind));
+      auto comm = Communicator::create(store, r, n, groupOn("tcp"));
       auto buffer = inputOf(r, count);
-      auto bytesOf = [&](Communicator& comm) {
-        const uint64_t before = comm.transport().bytesSent();
-        comm.allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum)->wait();
-        return double(comm.transport().bytesSent() - before);
+      auto bytesOf = [&](const OpPolicy& policy) {
+        const uint64_t before = comm->transport().bytesSent();
+        comm->allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum, policy)
+            ->wait();
+        return double(comm->transport().bytesSent() - before);
       };
-      const double fp32 = bytesOf(*plain);
-      ratio[r] = bytesOf(*packed) / fp32;
+      const double fp32 = bytesOf(OpPolicy{});
+      ratio[r] = bytesOf(compressedWith(kind)) / fp32;
     });
     const double limit = kind == Compression::F16 || kind == Compression::BF16 ? 0.51 : 0.26;
     for (int r = 0; r < n; ++r)
@@ -164,13 +173,15 @@ TEST(CompressedCollectives, AvgReduceScatterAndAllgatherWithUnevenBlocks) {
   std::vector<std::vector<float>> inputs(n);
   for (int r = 0; r < n; ++r) inputs[r] = inputOf(r, total);
   runRanks(n, [&](int r) {
-    auto comm = Communicator::create(store, r, n, compressedOptions("tcp", Compression::BF16));
+    auto comm = Communicator::create(store, r, n, groupOn("tcp"));
+    const OpPolicy bf16 = compressedWith(Compression::BF16);
     const double u = unitRoundoff(Compression::BF16);
     size_t offset = 0;
     for (int b = 0; b < r; ++b) offset += counts[b];
 
     std::vector<float> mine(counts[r] + 1, -7.0f);
-    comm->reduceScatter(inputs[r].data(), mine.data(), counts, DType::F32, ReduceOp::Avg)->wait();
+    comm->reduceScatter(inputs[r].data(), mine.data(), counts, DType::F32, ReduceOp::Avg, bf16)
+        ->wait();
     double scale = 0;
     for (int q = 0; q < n; ++q) scale += maxAbs(inputs[q]) / n;
     for (size_t i = 0; i < counts[r]; ++i) {
@@ -182,7 +193,7 @@ TEST(CompressedCollectives, AvgReduceScatterAndAllgatherWithUnevenBlocks) {
 
     std::vector<float> block(inputs[r].begin() + offset, inputs[r].begin() + offset + counts[r]);
     std::vector<float> all(total, 0.0f);
-    comm->allgather(block.data(), all.data(), counts, DType::F32)->wait();
+    comm->allgather(block.data(), all.data(), counts, DType::F32, bf16)->wait();
     size_t at = 0;
     for (int b = 0; b < n; ++b)
       for (size_t i = 0; i < counts[b]; ++i, ++at) {
@@ -197,12 +208,12 @@ TEST(CompressedCollectives, BuffersBelowTheFloorStayExact) {
   constexpr int n = 3;
   auto store = std::make_shared<store::MemoryStore>();
   runRanks(n, [&](int r) {
-    GroupOptions options = compressedOptions("shm", Compression::Fp8E5M2);
-    options.compressionMinBytes = 4096;
-    auto comm = Communicator::create(store, r, n, options);
+    auto comm = Communicator::create(store, r, n, groupOn("shm"));
     const size_t count = 1000;  // 4000 bytes: below the floor
     auto buffer = inputOf(r, count);
-    comm->allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum)->wait();
+    comm->allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum,
+                    compressedWith(Compression::Fp8E5M2, 4096))
+        ->wait();
     for (size_t i = 0; i < count; ++i) {
       float exact = 0;
       for (int q = 0; q < n; ++q) exact += inputOf(q, count)[i];
@@ -215,11 +226,13 @@ TEST(CompressedCollectives, MismatchedCompressionFailsOnEveryRank) {
   constexpr int n = 3;
   auto store = std::make_shared<store::MemoryStore>();
   auto errors = test::runRanksCollect(n, [&](int r) {
-    GroupOptions options = compressedOptions("tcp", r == 1 ? Compression::F16 : Compression::BF16);
+    GroupOptions options = groupOn("tcp");
     options.timeout = Millis(5000);
     auto comm = Communicator::create(store, r, n, options);
     auto buffer = inputOf(r, 5000);
-    comm->allreduce(buffer.data(), buffer.data(), buffer.size(), DType::F32, ReduceOp::Sum)->wait();
+    comm->allreduce(buffer.data(), buffer.data(), buffer.size(), DType::F32, ReduceOp::Sum,
+                    compressedWith(r == 1 ? Compression::F16 : Compression::BF16))
+        ->wait();
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(errors[r]) << "rank " << r << " did not fail";

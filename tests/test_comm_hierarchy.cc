@@ -92,15 +92,14 @@ TEST(Hierarchy, CompressesOnlyTheLevelBetweenIslands) {
   auto store = std::make_shared<store::MemoryStore>();
   std::vector<std::vector<float>> results(n);
   runRanks(n, [&](int r) {
-    GroupOptions options = hierarchical(islands);
-    options.compression = Compression::BF16;
-    options.compressionMinBytes = 0;
-    auto comm = Communicator::create(store, r, n, options);
-    // Flat operations of this group are not compressed: the codec sits on the cross level.
-    EXPECT_EQ(comm->codecFor(DType::F32, ReduceOp::Sum, count), nullptr);
+    auto comm = Communicator::create(store, r, n, hierarchical(islands));
+    OpPolicy policy;
+    policy.compression = CompressionPolicy(Compression::BF16, 256, 0);
+    // No error feedback: the codec sits on the cross level, not on this group's wire.
+    EXPECT_EQ(comm->feedbackCodec(DType::F32, ReduceOp::Sum, count, policy), nullptr);
     std::vector<float> buffer(count);
     for (size_t i = 0; i < count; ++i) buffer[i] = 1.0f + float(r) / 3.0f + float(i % 101) / 7.0f;
-    comm->allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum)->wait();
+    comm->allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum, policy)->wait();
     results[r] = buffer;
   });
   double worst = 0;
@@ -117,22 +116,28 @@ TEST(Hierarchy, CompressesOnlyTheLevelBetweenIslands) {
         << "rank " << r;
 }
 
+// The table picks the hierarchy for a large buffer when the islands' links are much faster than
+// the links between them, and the flat ring when they are as slow (tcp: no shared memory).
 TEST(Hierarchy, CostModelPrefersItOverSlowLinksUnlessIslandsAreSlowToo) {
   const int n = 4;
-  auto store = std::make_shared<store::MemoryStore>();
-  runRanks(n, [&](int r) {
-    GroupOptions flat;
-    flat.algorithm = "ring";
-    auto world = Communicator::create(store, r, n, flat);
-    GroupOptions inside = flat, across = flat;
-    across.compression = Compression::Fp8E4M3;
-    Hierarchy hierarchy(*world, {0, 0, 1, 1}, inside, across);
-    EXPECT_EQ(hierarchy.islands(), 2);
-    EXPECT_EQ(hierarchy.largestIsland(), 2);
-    const size_t bytes = size_t(64) << 20;
-    // Defaults: 5 GB/s inside, 1.25 GB/s across; fp8 sends about a quarter of the bytes.
-    EXPECT_LT(hierarchy.hierarchicalSeconds(bytes), 0.5 * hierarchy.flatSeconds(bytes));
-  });
+  for (const bool fastIslands : {true, false}) {
+    auto store = std::make_shared<store::MemoryStore>();
+    runRanks(n, [&](int r) {
+      GroupOptions options;
+      options.transport = "tcp";
+      options.islands = {0, 0, 1, 1};
+      options.islandLink = fastIslands ? "1us,100GB/s" : "100us,0.1GB/s";
+      options.crossLink = "100us,0.1GB/s";
+      auto comm = Communicator::create(store, r, n, options);
+      const size_t count = size_t(16) << 20;
+      for (OpKind kind : {OpKind::Allreduce, OpKind::ReduceScatter, OpKind::Allgather})
+        EXPECT_EQ(comm->providerFor(kind, DType::F32, ReduceOp::Sum, count),
+                  fastIslands ? "hierarchical" : "ring")
+            << opKindName(kind);
+      // Barriers and broadcasts have no hierarchical provider.
+      EXPECT_EQ(comm->providerFor(OpKind::Barrier, DType::U8, ReduceOp::Sum, 0), "ring");
+    });
+  }
 }
 
 TEST(LinkCost, ParsesUnitsAndRefusesNonsense) {

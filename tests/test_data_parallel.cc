@@ -130,14 +130,12 @@ std::vector<double> accumulatedError(bool errorFeedback, const std::vector<int>&
   test::runRanks(kRanks, [&](int rank) {
     comm::GroupOptions options;
     options.timeout = Millis(20000);
-    options.compression = comm::Compression::Fp8E5M2;
-    options.compressionBlock = 32;
-    options.compressionMinBytes = 0;
     auto comm = comm::Communicator::create(store, rank, kRanks, options);
     auto model = makeModel(smallMlp());
     DataParallelOptions dp;
     dp.bucketBytes = 512;  // several buckets
     dp.directBytes = 256;
+    dp.compression = comm::CompressionPolicy(comm::Compression::Fp8E5M2, 32, 0);
     dp.errorFeedback = errorFeedback;
     DataParallel parallel(model, comm, dp);
     parallel.broadcastParameters();

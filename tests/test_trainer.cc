@@ -57,9 +57,6 @@ std::vector<double> trainAll(const RunConfig& config, const fs::path& metrics,
   test::runRanks(ranks, [&](int rank) {
     comm::GroupOptions group;  // as hetra run makes it (tools/hetra/run_command.cc)
     group.timeout = Millis(30000);
-    group.compression = comm::parseCompression(config.comm.compression);
-    group.compressionBlock = size_t(config.comm.compressionBlock);
-    group.compressionMinBytes = size_t(config.comm.compressionMinBytes);
     auto comm = comm::Communicator::create(store, rank, ranks, group);
     TrainerOptions options;
     options.metricsPath = metrics.string();

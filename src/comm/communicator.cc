@@ -1,23 +1,20 @@
+// The communicator: forms a group (its transport, its islands, the facts its providers may use),
+// then turns each call into an operation that the provider table runs in issue order
+// (work_queue.h). It names no algorithm: the table chooses one per operation.
 #include "comm/communicator.h"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <fstream>
-#include <functional>
-#include <mutex>
-#include <thread>
+#include <sstream>
 
-#include "comm/algorithms/compressed.h"
-#include "comm/algorithms/ring.h"
-#include "comm/algorithms/shared.h"
 #include "comm/hierarchy.h"
+#include "comm/providers/registry.h"
 #include "comm/transport/shm_transport.h"
 #include "comm/transport/tcp_transport.h"
 #include "comm/transport/transport.h"
+#include "comm/work_queue.h"
 #ifdef HETRA_WITH_MPI
 #include "comm/transport/mpi_transport.h"
 #endif
@@ -28,44 +25,43 @@
 namespace hetra::comm {
 namespace {
 
-const Param kAlgo(
-    "HETRA_ALGO", "auto",
-    "Collective algorithm: auto (hierarchical across islands when the cost model says so; "
-    "shared memory when the transport has it, else ring), ring, shared, or hierarchical.");
+const Param kAlgo("HETRA_ALGO", "auto",
+                  "Collective providers forced per operation: auto (the cost model chooses), one "
+                  "provider for every operation it has (ring, shared, compressed, hierarchical, ...), "
+                  "or OPERATION:PROVIDER,... (operations: allreduce, reducescatter, allgather, "
+                  "broadcast, barrier). `hetra params` lists the providers' names.");
 const Param kIfaceAddr("HETRA_IFACE_ADDR", "127.0.0.1",
                        "Address the tcp transport listens on (the interface other hosts reach).");
+const Param kIslandLink("HETRA_ISLAND_LINK", "5us,5GB/s",
+                        "Latency and bandwidth of a message inside an island (the cost model), e.g. "
+                        "\"5us,5GB/s\"; `hetra probe --links` measures them.");
+const Param kCrossLink("HETRA_CROSS_LINK", "50us,1.25GB/s",
+                       "Latency and bandwidth of a message between islands (the cost model), e.g. "
+                       "\"50us,1gbit\".");
+const Param kArenaLink("HETRA_ARENA_LINK", "0.7us,18GB/s",
+                       "Latency of a sync point and bandwidth of a copy through shared memory (the "
+                       "shared-memory providers' cost model; docs/benchmarks.md has the "
+                       "measurement).");
 
 // User point-to-point messages use tags above every tag an algorithm derives from a sequence
 // number.
 constexpr uint64_t kUserTagBase = uint64_t(1) << 63;
 
-class CommunicatorImpl;
+// What every rank publishes when a group forms, and what all must agree on.
+struct RankRecord {
+  std::string host;    // hostIdentity()
+  std::string vendor;  // GroupOptions::vendor
+  std::string table;   // forced providers and the provider table: must be equal on every rank
 
-// One operation of a communicator. Its description is built only when a message needs it.
-class WorkImpl : public Work {
- public:
-  WorkImpl(CommunicatorImpl* owner, std::function<std::string()> describe,
-           std::function<void(Deadline)> run)
-      : owner_(owner), describe_(std::move(describe)), run_(std::move(run)) {}
-
-  bool isCompleted() const override { return done_.load(std::memory_order_acquire); }
-  void wait(Millis timeout) override;
-  std::exception_ptr exception() const override { return isCompleted() ? error_ : nullptr; }
-  double seconds() const override { return isCompleted() ? seconds_ : 0.0; }
-
-  std::string describe() const { return describe_(); }
-
-  // Runs the operation (once, on whichever thread executes it) and publishes the result.
-  void execute(std::exception_ptr latched, Millis timeout);
-
- private:
-  friend class CommunicatorImpl;
-  CommunicatorImpl* owner_;  // valid until done_: the communicator drains its queue before dying
-  std::function<std::string()> describe_;
-  std::function<void(Deadline)> run_;
-  std::exception_ptr error_;
-  double seconds_ = 0;
-  std::atomic<bool> done_{false};
+  std::string encode() const { return host + "\n" + vendor + "\n" + table; }
+  static RankRecord decode(const std::string& text) {
+    RankRecord r;
+    std::istringstream in(text);
+    std::getline(in, r.host);
+    std::getline(in, r.vendor);
+    std::getline(in, r.table);
+    return r;
+  }
 };
 
 class CommunicatorImpl : public Communicator,
@@ -75,60 +71,38 @@ class CommunicatorImpl : public Communicator,
                    const GroupOptions& options)
       : store_(std::move(store)), rank_(rank), size_(size), options_(options) {
     HETRA_ENFORCE(rank >= 0 && rank < size, "rank ", rank, " is outside a group of ", size);
+    if (size > kMaxGroupSize)
+      throw ConfigError(str("a group of ", size, " ranks: at most ", kMaxGroupSize, " are allowed"));
+    forced_ = parseForcedProviders(options_.algorithm.empty() ? kAlgo.str() : options_.algorithm);
+    islandCost_ = parseLinkCost(options_.islandLink.empty() ? kIslandLink.str()
+                                                            : options_.islandLink);
+    crossCost_ = parseLinkCost(options_.crossLink.empty() ? kCrossLink.str() : options_.crossLink);
+    gatherRecords();
     transport_ = connect();
-    algo_ = options_.algorithm.empty() ? kAlgo.str() : options_.algorithm;
-    const std::string& algo = algo_;
-    if (algo != "auto" && algo != "ring" && algo != "shared" && algo != "hierarchical")
-      throw ConfigError(
-          str("HETRA_ALGO='", algo, "' is not allowed; allowed: auto, ring, shared, hierarchical"));
-    useShared_ = transport_->sharedArena() != nullptr && algo != "ring";
-    if (algo == "shared" && !transport_->sharedArena())
-      throw ConfigError(
-          str("HETRA_ALGO=shared needs a transport with shared memory; this group uses ",
-              transport_->name()));
-    if (algo == "auto" || algo == "hierarchical") hierarchy_ = buildHierarchy();
-    if (options_.compression != Compression::None && !hierarchy_)
-      codec_ = makeCodec(options_.compression, options_.compressionBlock);
-    worker_ = std::thread([this] { workLoop(); });
+    facts_.rank = rank_;
+    facts_.size = size_;
+    facts_.transport = transport_.get();
+    facts_.arena = transport_->sharedArena();
+    islandOf_ = islandsOfRanks();
+    const int islands = *std::max_element(islandOf_.begin(), islandOf_.end()) + 1;
+    // A flat operation over several islands crosses the links between them.
+    facts_.link = islands > 1 ? crossCost_ : islandCost_;
+    facts_.arenaLink = parseLinkCost(kArenaLink.str());
+    if (mayUseHierarchy()) hierarchy_ = buildHierarchy();
+    facts_.hierarchy = hierarchy_.get();
+    queue_ = std::make_unique<WorkQueue>(rank_, options_.timeout, [this](std::exception_ptr e) {
+      // Wake the peers still blocked in this operation; they report this rank and the reason.
+      try {
+        std::rethrow_exception(e);
+      } catch (const PeerAbortedError&) {
+      } catch (const std::exception& error) {
+        transport_->abort(error.what());
+      }
+    });
   }
 
-  // Operations still queued run before the progress thread stops, so no Work is left pending.
-  ~CommunicatorImpl() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
-
-  // Waits for `work`. The waiting thread runs queued operations itself, in order, when nobody else
-  // is running one: an operation issued and waited for at once never crosses threads, so small
-  // collectives cost what the algorithm costs (no thread wake-up on the critical path).
-  void waitFor(WorkImpl& work, Millis timeout) {
-    const Deadline deadline = deadlineAfter(timeout);
-    const Deadline spinUntil = deadlineAfter(Millis(0)) + std::chrono::microseconds(kWaitSpinUs);
-    while (!work.isCompleted()) {
-      if (!executing_.load(std::memory_order_acquire) &&
-          queued_.load(std::memory_order_acquire) > 0) {
-        std::unique_lock<std::mutex> lock(mutex_);
-        if (!executing_ && !queue_.empty()) executeFront(lock);
-        continue;
-      }
-      if (Clock::now() < spinUntil) {
-        std::this_thread::yield();
-        continue;
-      }
-      std::unique_lock<std::mutex> lock(mutex_);
-      ++waiters_;
-      const bool ready = cv_.wait_until(
-          lock, deadline, [&] { return work.isCompleted() || (!executing_ && !queue_.empty()); });
-      --waiters_;
-      if (!ready)
-        throw TimeoutError(
-            str("waiting for ", work.describe(), " timed out after ", timeout.count(), " ms"));
-    }
-  }
+  // The queue drains (and its thread stops) before the transport and the hierarchy go.
+  ~CommunicatorImpl() override { queue_.reset(); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -155,69 +129,65 @@ class CommunicatorImpl : public Communicator,
     return std::make_shared<CommunicatorImpl>(subStore, newRank, int(members.size()), options);
   }
 
-  WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+  WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                    const OpPolicy& policy) override {
     AllreduceArgs args;
     args.in = in;
     args.out = out;
     args.count = count;
     args.dtype = dtype;
-    args.op = op;
-    return enqueueAllreduce(args);
-  }
-
-  WorkPtr allreduceWithFeedback(const float* in, float* out, size_t count,
-                                float* residual) override {
-    AllreduceArgs args;
-    args.in = in;
-    args.out = out;
-    args.count = count;
-    args.residual = residual;
-    return enqueueAllreduce(args);
+    args.op = reducedAs(op);
+    return enqueue(
+        OpKind::Allreduce, dtype, args.op, count * dtypeSize(dtype), policy,
+        [=] { return str("allreduce of ", count, " ", dtypeName(dtype)); },
+        [this, args, op](Provider& p, const Operation& o, Deadline d) mutable {
+          args.deadline = d;
+          args.seq = seq_++;
+          args.provider = o.provider;
+          if (p.traits().feedsBackErrors) args.residual = o.policy->residual;
+          p.allreduce(facts_, o, args);
+          if (op == ReduceOp::Avg) divide(args.dtype, args.out, args.count, size_);
+        });
   }
 
   WorkPtr reduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
-                        ReduceOp op) override {
+                        ReduceOp op, const OpPolicy& policy) override {
     checkCounts(counts, "reduceScatter");
     ReduceScatterArgs args;
     args.in = in;
     args.out = out;
     args.counts = counts;
     args.dtype = dtype;
-    args.op = op;
+    args.op = reducedAs(op);
     return enqueue(
+        OpKind::ReduceScatter, dtype, args.op, totalCount(counts) * dtypeSize(dtype), policy,
         [=] { return str("reduce-scatter of ", totalCount(counts), " ", dtypeName(dtype)); },
-        [this, args](Deadline d) mutable {
+        [this, args, op](Provider& p, const Operation& o, Deadline d) mutable {
           args.deadline = d;
           args.seq = seq_++;
-          if (compresses(args.dtype, args.op, totalCount(args.counts)))
-            reduceScatterCompressed(*transport_, args, *codec_);
-          else if (useShared_)
-            reduceScatterShared(*transport_->sharedArena(), args);
-          else
-            reduceScatterRing(*transport_, args);
-          if (args.op == ReduceOp::Avg) divide(args.dtype, args.out, args.counts[rank_], size_);
+          args.provider = o.provider;
+          p.reduceScatter(facts_, o, args);
+          if (op == ReduceOp::Avg) divide(args.dtype, args.out, args.counts[rank_], size_);
         });
   }
 
-  WorkPtr allgather(const void* in, void* out, const std::vector<size_t>& counts,
-                    DType dtype) override {
+  WorkPtr allgather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                    const OpPolicy& policy) override {
     checkCounts(counts, "allgather");
     AllgatherArgs args;
     args.in = in;
     args.out = out;
     args.counts = counts;
     args.dtype = dtype;
-    return enqueue([=] { return str("allgather of ", totalCount(counts), " ", dtypeName(dtype)); },
-                   [this, args](Deadline d) mutable {
-                     args.deadline = d;
-                     args.seq = seq_++;
-                     if (compresses(args.dtype, ReduceOp::Sum, totalCount(args.counts)))
-                       allgatherCompressed(*transport_, args, *codec_);
-                     else if (useShared_)
-                       allgatherShared(*transport_->sharedArena(), args);
-                     else
-                       allgatherRing(*transport_, args);
-                   });
+    return enqueue(
+        OpKind::Allgather, dtype, ReduceOp::Sum, totalCount(counts) * dtypeSize(dtype), policy,
+        [=] { return str("allgather of ", totalCount(counts), " ", dtypeName(dtype)); },
+        [this, args](Provider& p, const Operation& o, Deadline d) mutable {
+          args.deadline = d;
+          args.seq = seq_++;
+          args.provider = o.provider;
+          p.allgather(facts_, o, args);
+        });
   }
 
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
@@ -228,34 +198,32 @@ class CommunicatorImpl : public Communicator,
     args.count = count;
     args.dtype = dtype;
     args.root = root;
-    return enqueue([=] { return str("broadcast of ", count, " ", dtypeName(dtype)); },
-                   [this, args](Deadline d) mutable {
+    return enqueue(OpKind::Broadcast, dtype, ReduceOp::Sum, count * dtypeSize(dtype), {},
+                   [=] { return str("broadcast of ", count, " ", dtypeName(dtype)); },
+                   [this, args](Provider& p, const Operation& o, Deadline d) mutable {
                      args.deadline = d;
                      args.seq = seq_++;
-                     if (useShared_)
-                       broadcastShared(*transport_->sharedArena(), args);
-                     else
-                       broadcastPipelined(*transport_, args);
+                     args.provider = o.provider;
+                     p.broadcast(facts_, o, args);
                    });
   }
 
   WorkPtr barrier() override {
-    return enqueue([] { return std::string("barrier"); },
-                   [this](Deadline d) {
+    return enqueue(OpKind::Barrier, DType::U8, ReduceOp::Sum, 0, {},
+                   [] { return std::string("barrier"); },
+                   [this](Provider& p, const Operation& o, Deadline d) {
                      BarrierArgs args;
                      args.deadline = d;
                      args.seq = seq_++;
-                     if (useShared_)
-                       barrierShared(*transport_->sharedArena(), args);
-                     else
-                       barrierDissemination(*transport_, args);
+                     args.provider = o.provider;
+                     p.barrier(facts_, o, args);
                    });
   }
 
   WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint32_t tag) override {
     checkPeer(dst, "send");
     const size_t bytes = count * dtypeSize(dtype);
-    return enqueue(
+    return queue_->enqueue(
         [=] { return str("send of ", bytes, " bytes to rank ", dst); },
         [=, this](Deadline d) { transport_->isend(dst, kUserTagBase | tag, buf, bytes)->wait(d); });
   }
@@ -263,7 +231,7 @@ class CommunicatorImpl : public Communicator,
   WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint32_t tag) override {
     checkPeer(src, "recv");
     const size_t bytes = count * dtypeSize(dtype);
-    return enqueue(
+    return queue_->enqueue(
         [=] { return str("recv of ", bytes, " bytes from rank ", src); },
         [=, this](Deadline d) { transport_->irecv(src, kUserTagBase | tag, buf, bytes)->wait(d); });
   }
@@ -275,20 +243,82 @@ class CommunicatorImpl : public Communicator,
     return transport_->bytesReceived() + (hierarchy_ ? hierarchy_->bytesReceived() : 0);
   }
 
-  const Codec* codecFor(DType dtype, ReduceOp op, size_t count) const override {
-    const bool applies = codec_ && dtype == DType::F32 &&
-                         (op == ReduceOp::Sum || op == ReduceOp::Avg) &&
-                         count * sizeof(float) >= options_.compressionMinBytes;
-    return applies ? codec_.get() : nullptr;
+  const Codec* feedbackCodec(DType dtype, ReduceOp op, size_t count,
+                             const OpPolicy& policy) const override {
+    const Operation o =
+        operation(OpKind::Allreduce, dtype, reducedAs(op), count * dtypeSize(dtype), policy);
+    const uint8_t id = chooseProvider(o, facts_, forced_);
+    return providers()[id - 1]->traits().feedsBackErrors ? o.codec : nullptr;
+  }
+
+  std::string providerFor(OpKind kind, DType dtype, ReduceOp op, size_t count,
+                          const OpPolicy& policy) const override {
+    const Operation o = operation(kind, dtype, reducedAs(op), count * dtypeSize(dtype), policy);
+    return providerName(chooseProvider(o, facts_, forced_));
   }
 
   void abort(const std::string& reason) override {
-    latch(std::make_exception_ptr(
+    queue_->latch(std::make_exception_ptr(
         PeerAbortedError(rank_, str("rank ", rank_, " aborted the group: ", reason))));
     transport_->abort(reason);
   }
 
  private:
+  using Run = std::function<void(Provider&, const Operation&, Deadline)>;
+
+  static ReduceOp reducedAs(ReduceOp op) { return op == ReduceOp::Avg ? ReduceOp::Sum : op; }
+
+  Operation operation(OpKind kind, DType dtype, ReduceOp op, size_t bytes,
+                      const OpPolicy& policy) const {
+    Operation o;
+    o.kind = kind;
+    o.dtype = dtype;
+    o.op = op;
+    o.bytes = bytes;
+    o.policy = &policy;
+    o.codec = policy.compression.codecFor(kind, dtype, op, bytes);
+    return o;
+  }
+
+  // The provider is chosen when the operation is issued, so a forced provider that cannot run it
+  // fails the call itself (ConfigError), before anything is queued.
+  WorkPtr enqueue(OpKind kind, DType dtype, ReduceOp op, size_t bytes, const OpPolicy& policy,
+                  std::function<std::string()> describe, Run run) {
+    Operation o = operation(kind, dtype, op, bytes, policy);
+    o.provider = chooseProvider(o, facts_, forced_);
+    const std::shared_ptr<Provider> provider = providers()[o.provider - 1];
+    return queue_->enqueue(std::move(describe),
+                           [run = std::move(run), provider, o, policy](Deadline d) mutable {
+                             o.policy = &policy;  // the copy this closure owns
+                             run(*provider, o, d);
+                           });
+  }
+
+  bool oneHost() const {
+    return std::all_of(records_.begin(), records_.end(),
+                       [&](const RankRecord& r) { return r.host == records_[rank_].host; });
+  }
+
+  // Every rank publishes its host identity, vendor and provider settings; a rank whose settings
+  // differ would choose other providers than its peers, so that is an error on every rank, now.
+  void gatherRecords() {
+    RankRecord mine;
+    mine.host = hostIdentity();
+    mine.vendor = options_.vendor;
+    mine.table = str(forced_.text, " over ", providerTableText());
+    store_->setString(str("rank/", rank_), mine.encode());
+    for (int r = 0; r < size_; ++r)
+      records_.push_back(r == rank_ ? mine
+                                    : RankRecord::decode(store_->getString(str("rank/", r),
+                                                                           options_.timeout)));
+    for (int r = 0; r < size_; ++r)
+      if (records_[r].table != mine.table)
+        throw ConfigError(str("rank ", r, " forces providers '", records_[r].table, "' but rank ",
+                              rank_, " forces '", mine.table,
+                              "': HETRA_ALGO and the registered providers must be equal on "
+                              "every rank"));
+  }
+
   std::unique_ptr<Transport> connect() {
     const std::string& choice = options_.transport;
     if (choice != "auto" && choice != "shm" && choice != "tcp" && choice != "mpi")
@@ -300,15 +330,7 @@ class CommunicatorImpl : public Communicator,
           "transport 'mpi': this hetra was not built with MPI support "
           "(configure with -DHETRA_WITH_MPI=ON)");
 #endif
-    // Every rank publishes its host identity; the group is local when all are equal.
-    const std::string mine = hostIdentity();
-    store_->setString(str("host/", rank_), mine);
-    bool oneHost = true;
-    for (int r = 0; r < size_; ++r) {
-      hosts_.push_back(store_->getString(str("host/", r), options_.timeout));
-      oneHost = oneHost && hosts_.back() == mine;
-    }
-    if (choice == "shm" && !oneHost)
+    if (choice == "shm" && !oneHost())
       throw ConfigError(
           "transport 'shm' needs every rank of the group on one host; this group spans hosts");
 #ifdef HETRA_WITH_MPI
@@ -319,8 +341,7 @@ class CommunicatorImpl : public Communicator,
                                 mpi);
     }
 #endif
-    const bool useShm = choice == "shm" || (choice == "auto" && oneHost);
-    if (useShm) {
+    if (choice == "shm" || (choice == "auto" && oneHost())) {
       store::PrefixStore shmStore("shm", store_);
       ShmOptions shm;
       shm.timeout = options_.timeout;
@@ -333,31 +354,25 @@ class CommunicatorImpl : public Communicator,
                               tcp);
   }
 
-  WorkPtr enqueueAllreduce(AllreduceArgs args) {
-    const size_t count = args.count;
-    const DType dtype = args.dtype;
-    return enqueue([=] { return str("allreduce of ", count, " ", dtypeName(dtype)); },
-                   [this, args](Deadline d) mutable {
-                     args.deadline = d;
-                     args.seq = seq_++;
-                     if (hierarchical(args.count * dtypeSize(args.dtype))) {
-                       const ReduceOp requested = args.op;
-                       if (args.op == ReduceOp::Avg) args.op = ReduceOp::Sum;
-                       hierarchy_->allreduce(args);
-                       args.op = requested;
-                     } else if (compresses(args.dtype, args.op, args.count))
-                       allreduceCompressed(*transport_, args, *codec_);
-                     else if (useShared_)
-                       allreduceShared(*transport_->sharedArena(), args);
-                     else
-                       allreduceRing(*transport_, args);
-                     if (args.op == ReduceOp::Avg) divide(args.dtype, args.out, args.count, size_);
-                   });
+  // Whether some operation may run on the hierarchical provider: building one forms sub-groups
+  // (collective and not free), so a group that forced others for all its operations skips it.
+  bool mayUseHierarchy() const {
+    const auto all = providers();
+    for (size_t i = 0; i < all.size(); ++i) {
+      const ProviderTraits t = all[i]->traits();
+      if (t.needs != Needs::Hierarchy) continue;
+      for (OpKind kind : {OpKind::Allreduce, OpKind::ReduceScatter, OpKind::Allgather,
+                          OpKind::Broadcast, OpKind::Barrier}) {
+        const uint8_t forced = forced_.byKind[size_t(kind)];
+        if ((t.ops & bitOf(kind)) && (forced == 0 || forced == i + 1)) return true;
+      }
+    }
+    return false;
   }
 
-  // The group's islands: a hierarchy when there are several and one has more than one rank.
-  // Collective over the group (every rank builds the same one).
-  std::unique_ptr<Hierarchy> buildHierarchy() {
+  // The island of every rank, numbered in order of each island's lowest rank: as given, else by
+  // host identity and vendor. Alike on every rank.
+  std::vector<int> islandsOfRanks() const {
     std::vector<int> islandOf(size_);
     if (!options_.islands.empty()) {
       if (int(options_.islands.size()) != size_)
@@ -372,41 +387,32 @@ class CommunicatorImpl : public Communicator,
         islandOf[r] = it->second;
       }
     } else {
-      store_->setString(str("vendor/", rank_), options_.vendor);
       std::vector<std::string> keys;
       for (int r = 0; r < size_; ++r) {
-        const std::string key =
-            hosts_[r] + "|" + store_->getString(str("vendor/", r), options_.timeout);
+        const std::string key = records_[r].host + "|" + records_[r].vendor;
         auto it = std::find(keys.begin(), keys.end(), key);
         islandOf[r] = int(it - keys.begin());
         if (it == keys.end()) keys.push_back(key);
       }
     }
+    return islandOf;
+  }
+
+  // The group's islands: a hierarchy when there are several and one has more than one rank.
+  // Collective over the group (every rank builds the same one).
+  std::unique_ptr<Hierarchy> buildHierarchy() {
+    const std::vector<int>& islandOf = islandOf_;
     const int islands = *std::max_element(islandOf.begin(), islandOf.end()) + 1;
-    const int largest = [&] {
-      std::vector<int> sizes(islands, 0);
-      for (int island : islandOf) ++sizes[island];
-      return *std::max_element(sizes.begin(), sizes.end());
-    }();
-    if (islands < 2 || largest < 2) return nullptr;  // nothing to gain: the flat ring is it
-    HETRA_INFO("comm", "hierarchy: ", islands, " islands (largest ", largest,
-               " ranks), compression between them: ", compressionName(options_.compression));
+    std::vector<int> sizes(islands, 0);
+    for (int island : islandOf) ++sizes[island];
+    const int largest = *std::max_element(sizes.begin(), sizes.end());
+    if (islands < 2 || largest < 2) return nullptr;  // nothing to gain: the flat group is it
+    HETRA_INFO("comm", "hierarchy: ", islands, " islands (largest ", largest, " ranks)");
     GroupOptions inside = options_, across = options_;
     inside.islands.clear();
     across.islands.clear();
     inside.algorithm = across.algorithm = "auto";
-    inside.compression = Compression::None;
-    return std::make_unique<Hierarchy>(*this, islandOf, inside, across);
-  }
-
-  bool hierarchical(size_t bytes) const {
-    if (!hierarchy_) return false;
-    return algo_ == "hierarchical" ||
-           hierarchy_->hierarchicalSeconds(bytes) < hierarchy_->flatSeconds(bytes);
-  }
-
-  bool compresses(DType dtype, ReduceOp op, size_t count) const {
-    return codecFor(dtype, op, count) != nullptr;
+    return std::make_unique<Hierarchy>(*this, islandOf, inside, across, islandCost_, crossCost_);
   }
 
   void checkCounts(const std::vector<size_t>& counts, const char* op) const {
@@ -420,122 +426,21 @@ class CommunicatorImpl : public Communicator,
       throw ConfigError(str(op, ": peer ", peer, " is not another rank of this group of ", size_));
   }
 
-  WorkPtr enqueue(std::function<std::string()> describe, std::function<void(Deadline)> run) {
-    auto work = std::make_shared<WorkImpl>(this, std::move(describe), std::move(run));
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(work);
-    queued_.fetch_add(1, std::memory_order_release);
-    // A polling progress thread finds the operation by itself; only a deep sleeper needs a wake-up.
-    if (workerAsleep_) cv_.notify_all();
-    return work;
-  }
-
-  // Runs the operation at the front of the queue with the lock released; exactly one thread
-  // executes at a time, which keeps the group's operations in issue order on every rank.
-  void executeFront(std::unique_lock<std::mutex>& lock) {
-    auto work = queue_.front();
-    queue_.pop_front();
-    queued_.fetch_sub(1, std::memory_order_release);
-    executing_.store(true, std::memory_order_release);
-    const std::exception_ptr latched = failed_;
-    lock.unlock();
-    work->execute(latched, options_.timeout);
-    if (auto error = work->exception()) {
-      if (!latched) {
-        latch(error);
-        // Wake the peers still blocked in this operation; they report this rank and the reason.
-        try {
-          std::rethrow_exception(error);
-        } catch (const PeerAbortedError&) {
-        } catch (const std::exception& e) {
-          transport_->abort(e.what());
-        }
-      }
-    }
-    lock.lock();
-    executing_.store(false, std::memory_order_release);
-    if (waiters_ > 0 || workerAsleep_ || !queue_.empty()) cv_.notify_all();
-  }
-
-  void latch(std::exception_ptr error) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!failed_) failed_ = error;
-  }
-
-  // The progress thread runs operations nobody waits for yet (gradient buckets during backward).
-  // While the group is busy it polls every kPollUs instead of being woken per operation; after
-  // kDeepSleepMs without work it sleeps until an enqueue wakes it.
-  void workLoop() {
-    log::setRank(rank_);
-    std::unique_lock<std::mutex> lock(mutex_);
-    Deadline lastActive = Clock::now();
-    for (;;) {
-      if (!executing_ && !queue_.empty()) {
-        executeFront(lock);
-        lastActive = Clock::now();
-        continue;
-      }
-      if (stopping_ && queue_.empty() && !executing_) return;
-      if (Clock::now() - lastActive < Millis(kDeepSleepMs)) {
-        cv_.wait_for(lock, std::chrono::microseconds(kPollUs));
-      } else {
-        workerAsleep_ = true;
-        cv_.wait(lock, [&] { return stopping_ || (!executing_ && !queue_.empty()); });
-        workerAsleep_ = false;
-        lastActive = Clock::now();
-      }
-    }
-  }
-
   std::shared_ptr<store::Store> store_;
   int rank_;
   int size_;
   GroupOptions options_;
+  ForcedProviders forced_;
+  LinkCost islandCost_, crossCost_;
+  std::vector<RankRecord> records_;  // every rank's, in rank order
+  std::vector<int> islandOf_;
   std::unique_ptr<Transport> transport_;
-  std::vector<std::string> hosts_;  // host identity of every rank
-  std::string algo_;
-  bool useShared_ = false;
   std::unique_ptr<Hierarchy> hierarchy_;  // null for a group of one island
-  std::unique_ptr<Codec> codec_;          // null without compression
-  uint64_t seq_ = 0;                      // touched only by the progress thread
+  GroupFacts facts_;
+  uint64_t seq_ = 0;  // touched only by the executing thread
   int splits_ = 0;
-
-  static constexpr int kWaitSpinUs = 50;
-  static constexpr int kPollUs = 1000;
-  static constexpr int kDeepSleepMs = 50;
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<WorkImpl>> queue_;
-  std::atomic<size_t> queued_{0};       // queue_.size(), readable without the lock
-  std::atomic<bool> executing_{false};  // an operation is running (on any thread)
-  int waiters_ = 0;                     // callers blocked on cv_
-  bool workerAsleep_ = false;           // the progress thread waits for an explicit wake-up
-  std::exception_ptr failed_;
-  bool stopping_ = false;
-  std::thread worker_;
+  std::unique_ptr<WorkQueue> queue_;
 };
-
-void WorkImpl::wait(Millis timeout) {
-  if (!isCompleted()) owner_->waitFor(*this, timeout);
-  if (error_) std::rethrow_exception(error_);
-}
-
-void WorkImpl::execute(std::exception_ptr latched, Millis timeout) {
-  const auto start = Clock::now();
-  if (latched) {
-    error_ = latched;
-  } else {
-    try {
-      run_(start + timeout);
-    } catch (const std::exception& e) {
-      HETRA_WARN("comm", describe(), " failed: ", e.what());
-      error_ = std::current_exception();
-    }
-  }
-  seconds_ = secondsSince(start);
-  done_.store(true, std::memory_order_release);
-}
 
 std::string readFirstLine(const char* path) {
   std::ifstream in(path);

@@ -15,6 +15,7 @@
 
 #include "comm/algorithms/args.h"
 #include "comm/codec/codec.h"
+#include "comm/policy.h"
 #include "comm/reduce.h"
 #include "common/dtype.h"
 #include "common/timing.h"
@@ -31,24 +32,16 @@ struct GroupOptions {
   Millis timeout{30000};
   // Address the tcp transport listens on; "" uses HETRA_IFACE_ADDR or the loopback address.
   std::string listenAddress;
-  // Bytes on the wire of float32 sum/avg allreduce, reduce-scatter and allgather
-  // (algorithms/compressed.h): chosen per group, so a hierarchy can compress only its slow level.
-  // Float32 data that must arrive exact goes through such a group under another dtype (e.g. as
-  // bytes, DType::U8), or through a group without compression.
-  Compression compression = Compression::None;
-  size_t compressionBlock = 256;  // FP8: elements per fp32 scale
-  // Smaller buffers stay float32: their cost is latency, not bytes.
-  size_t compressionMinBytes = 65536;
-  // Collective algorithm: "" follows HETRA_ALGO (auto, ring, shared, hierarchical).
+  // Providers forced per operation (providers/registry.h): "" follows HETRA_ALGO; "auto" forces
+  // none, "ring" every operation that provider has, "allreduce:hierarchical,barrier:ring" some.
   std::string algorithm;
-  // Islands for the hierarchical allreduce (hierarchy.h): the island id of each rank, or empty to
-  // group ranks by host identity and vendor. With a hierarchy, `compression` applies only to the
-  // level between islands.
+  // Islands for the hierarchical collectives (hierarchy.h): the island id of each rank, or empty to
+  // group ranks by host identity and vendor.
   std::vector<int> islands;
   std::string vendor = "cpu";  // cpu, nvidia, amd: ranks of one host but different vendors
-  // The hierarchy's cost model: "LATENCY,BANDWIDTH" inside islands and between them (such as
+  // The cost model's links: "LATENCY,BANDWIDTH" inside islands and between them (such as
   // "5us,5GB/s"; comm::parseLinkCost), e.g. measured by `hetra probe --links`; "" follows
-  // HETRA_ISLAND_LINK / HETRA_CROSS_LINK.
+  // HETRA_ISLAND_LINK / HETRA_CROSS_LINK. A group on one host prices its messages as an island's.
   std::string islandLink;
   std::string crossLink;
 };
@@ -58,8 +51,10 @@ class Work {
   virtual ~Work() = default;
   virtual bool isCompleted() const = 0;
   // Waits for completion and rethrows the operation's error. Throws TimeoutError if it has not
-  // completed within `timeout` (the operation itself keeps running toward its own deadline).
-  virtual void wait(Millis timeout = Millis(300000)) = 0;
+  // completed by `deadline` (the operation itself keeps running toward its own deadline).
+  virtual void wait(Deadline deadline) = 0;
+  // The same with a deadline from the group's timeout (GroupOptions::timeout).
+  virtual void wait() = 0;
   virtual std::exception_ptr exception() const = 0;
   // Seconds the operation ran on the progress thread (0 until completed).
   virtual double seconds() const = 0;
@@ -82,20 +77,17 @@ class Communicator {
   // rank of this group must call it. A negative color returns nullptr (the rank joins no group).
   virtual std::shared_ptr<Communicator> split(int color, int key, const GroupOptions& options) = 0;
 
+  // Each collective runs on the provider the table chooses for it (providers/registry.h). `policy`
+  // is the operation's own: exact unless it asks for compression (policy.h).
   // out may equal in (in place).
-  virtual WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op) = 0;
-  // A float32 sum allreduce with error feedback (algorithms/compressed.h): `residual` holds count
-  // floats of this rank's own state, zero at first, kept by the caller from call to call. Where
-  // the group does not compress this allreduce (codecFor is null), it is a plain allreduce and
-  // residual is left as it is.
-  virtual WorkPtr allreduceWithFeedback(const float* in, float* out, size_t count,
-                                        float* residual) = 0;
+  virtual WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                            const OpPolicy& policy = {}) = 0;
   // in holds sum(counts) elements; out receives counts[rank()] elements.
   virtual WorkPtr reduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
-                                DType dtype, ReduceOp op) = 0;
+                                DType dtype, ReduceOp op, const OpPolicy& policy = {}) = 0;
   // in holds counts[rank()] elements; out receives sum(counts) elements in rank order.
   virtual WorkPtr allgather(const void* in, void* out, const std::vector<size_t>& counts,
-                            DType dtype) = 0;
+                            DType dtype, const OpPolicy& policy = {}) = 0;
   virtual WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual WorkPtr barrier() = 0;
   // Point-to-point messages run in the group's order like collectives, and a send may complete only
@@ -104,10 +96,17 @@ class Communicator {
   virtual WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint32_t tag = 0) = 0;
   virtual WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint32_t tag = 0) = 0;
 
-  // The codec an allreduce of `count` elements with this dtype and op puts on the wire, or nullptr
-  // when it travels uncompressed (GroupOptions::compression and its floor decide, alike on every
-  // rank). Error feedback uses it to know exactly what the wire will carry.
-  virtual const Codec* codecFor(DType dtype, ReduceOp op, size_t count) const = 0;
+  // The codec an allreduce of `count` elements with this dtype, op and policy puts on the wire when
+  // its provider keeps error feedback (policy.residual is used), or nullptr when it does not
+  // (exact, or compressed only between islands). Alike on every rank; error feedback uses it to
+  // know exactly what the wire will carry.
+  virtual const Codec* feedbackCodec(DType dtype, ReduceOp op, size_t count,
+                                     const OpPolicy& policy) const = 0;
+
+  // The provider the table chooses for an operation of this group (what would run; for tests,
+  // benchmarks and logs). ConfigError as the operation itself would throw it.
+  virtual std::string providerFor(OpKind kind, DType dtype, ReduceOp op, size_t count,
+                                  const OpPolicy& policy = {}) const = 0;
 
   // Payload bytes this rank sent and received for this group since it was created (after
   // compression), its hierarchy's island and cross groups included.

@@ -149,9 +149,11 @@ void heterogeneous() {
       try {
         comm::GroupOptions options;
         options.transport = "tcp";
-        options.compression = comm::Compression::Fp8E4M3;
         options.vendor = r == 0 ? "nvidia" : "cpu";
         options.timeout = Millis(60000);
+        const comm::Compression compression = comm::Compression::Fp8E4M3;
+        comm::OpPolicy policy;
+        policy.compression = comm::CompressionPolicy(compression);
         auto group = comm::Communicator::create(
             std::make_shared<store::PrefixStore>("hetero", store), r, size, options);
         std::vector<float> grad(count);
@@ -163,26 +165,26 @@ void heterogeneous() {
           HETRA_CUDA_CHECK(cudaSetDevice(0));
           float* dev = nullptr;
           void* enc = nullptr;
-          const size_t encodedSize = encodedBytes(options.compression, 256, count);
+          const size_t encodedSize = encodedBytes(compression, 256, count);
           HETRA_CUDA_CHECK(cudaMalloc(&dev, count * 4));
           HETRA_CUDA_CHECK(cudaMalloc(&enc, encodedSize));
           HETRA_CUDA_CHECK(cudaMemcpy(dev, grad.data(), count * 4, cudaMemcpyHostToDevice));
-          cudaEncode(options.compression, 256, dev, count, enc, nullptr);
+          cudaEncode(compression, 256, dev, count, enc, nullptr);
           std::vector<uint8_t> gpuBytes(encodedSize), cpuBytes(encodedSize);
           HETRA_CUDA_CHECK(cudaMemcpy(gpuBytes.data(), enc, encodedSize, cudaMemcpyDeviceToHost));
-          comm::makeCodec(options.compression, 256)->encode(grad.data(), count, cpuBytes.data());
+          comm::makeCodec(compression, 256)->encode(grad.data(), count, cpuBytes.data());
           if (gpuBytes != cpuBytes) throw MismatchError("GPU fp8 bytes differ from the CPU's");
           PinnedBuffer pinned(count * 4);
           HETRA_CUDA_CHECK(cudaMemcpy(pinned.data(), dev, count * 4, cudaMemcpyDeviceToHost));
           auto* host = reinterpret_cast<float*>(pinned.data());
-          group->allreduce(host, host, count, DType::F32, comm::ReduceOp::Sum)->wait();
+          group->allreduce(host, host, count, DType::F32, comm::ReduceOp::Sum, policy)->wait();
           HETRA_CUDA_CHECK(cudaMemcpy(dev, host, count * 4, cudaMemcpyHostToDevice));
           results[0].resize(count);
           HETRA_CUDA_CHECK(cudaMemcpy(results[0].data(), dev, count * 4, cudaMemcpyDeviceToHost));
           cudaFree(dev);
           cudaFree(enc);
         } else {
-          group->allreduce(grad.data(), grad.data(), count, DType::F32, comm::ReduceOp::Sum)
+          group->allreduce(grad.data(), grad.data(), count, DType::F32, comm::ReduceOp::Sum, policy)
               ->wait();
           results[size_t(r)] = grad;
         }

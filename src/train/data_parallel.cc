@@ -15,6 +15,7 @@ namespace hetra::train {
 DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
                            std::shared_ptr<comm::Communicator> comm, DataParallelOptions options)
     : model_(std::move(model)), comm_(std::move(comm)), errorFeedback_(options.errorFeedback) {
+  gradientPolicy_.compression = options.compression;
   for (auto& p : model_->parameters())
     if (p.requires_grad()) {
       HETRA_ENFORCE(p.scalar_type() == torch::kFloat32, "DataParallel supports float32 parameters");
@@ -157,14 +158,14 @@ void DataParallel::launchReady() {
     Bucket& b = buckets_[nextLaunch_++];
     torch::Tensor data = b.direct ? params_[b.params.front()].mutable_grad() : b.flat;
     const size_t count = size_t(data.numel());
-    if (errorFeedback_ && comm_->codecFor(DType::F32, comm::ReduceOp::Sum, count)) {
+    comm::OpPolicy policy = gradientPolicy_;
+    if (errorFeedback_ &&
+        comm_->feedbackCodec(DType::F32, comm::ReduceOp::Sum, count, gradientPolicy_)) {
       if (!b.residual.defined()) b.residual = torch::zeros({int64_t(count)}, torch::kFloat32);
-      float* values = data.data_ptr<float>();
-      b.work = comm_->allreduceWithFeedback(values, values, count, b.residual.data_ptr<float>());
-    } else {
-      b.work = comm_->allreduce(data.data_ptr(), data.data_ptr(), count, DType::F32,
-                                comm::ReduceOp::Sum);
+      policy.residual = b.residual.data_ptr<float>();
     }
+    b.work = comm_->allreduce(data.data_ptr(), data.data_ptr(), count, DType::F32,
+                              comm::ReduceOp::Sum, policy);
   }
 }
 

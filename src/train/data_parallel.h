@@ -34,9 +34,12 @@ struct DataParallelOptions {
   size_t bucketBytes = 25u << 20;
   // Parameters of at least this many bytes (or of at least bucketBytes) are direct buckets.
   size_t directBytes = 256u << 10;
-  // For buckets the communicator compresses (Communicator::codecFor): keep what the codec lost of
-  // this bucket and add it to the next step's, so no part of a gradient is lost, only delayed
-  // (error feedback, Communicator::allreduceWithFeedback).
+  // The gradients' bytes on the wire of a flat group, or between the islands of a hierarchy
+  // (comm/policy.h); exact by default.
+  comm::CompressionPolicy compression;
+  // For buckets whose allreduce keeps error feedback (Communicator::feedbackCodec): keep what the
+  // codec lost of this bucket and add it to the next step's, so no part of a gradient is lost,
+  // only delayed.
   bool errorFeedback = false;
 };
 
@@ -103,6 +106,7 @@ class DataParallel {
   size_t nextLaunch_ = 0;
   bool armed_ = false;
   bool errorFeedback_ = false;
+  comm::OpPolicy gradientPolicy_;  // the compression DataParallelOptions asked for
 };
 
 }  // namespace hetra::train

@@ -150,6 +150,10 @@ class Run {
     }
     DataParallelOptions parallelOptions;
     parallelOptions.bucketBytes = size_t(config.train.bucketMib * (1 << 20));
+    // [comm] compression is the policy of the gradients' allreduce (comm/policy.h).
+    parallelOptions.compression = comm::CompressionPolicy(
+        comm::parseCompression(config.comm.compression), size_t(config.comm.compressionBlock),
+        size_t(config.comm.compressionMinBytes));
     parallelOptions.errorFeedback = config.comm.errorFeedback;
     parallel_ = std::make_unique<DataParallel>(model_, comm_, parallelOptions);
     optimizer_ = makeOptimizer(model_->parameters(), optimSpec());
@@ -175,7 +179,7 @@ class Run {
   // successfully or with the group's latched error, before its buffers go.
   ~Run() {
     if (pending_ && pending_->work) try {
-        pending_->work->wait(Millis(60000));
+        pending_->work->wait(deadlineAfter(Millis(60000)));
       } catch (const std::exception&) {
       }
   }
@@ -542,16 +546,14 @@ class Run {
   void checkpoint(int64_t step) {
     drain();                   // the saved balancer has seen every step before the checkpoint
     comm_->barrier()->wait();  // every rank has finished the step
-    // Error feedback: every rank's residuals go into the checkpoint (rank 0 writes it). Gathered
-    // as bytes: the group compresses float32 allgathers, and these must arrive exact.
+    // Error feedback: every rank's residuals go into the checkpoint (rank 0 writes it), exact.
     torch::Tensor residuals;
     if (feedsBackErrors()) {
       const torch::Tensor mine = parallel_->saveResiduals();
       residuals = torch::empty({comm_->size(), mine.numel()}, torch::kFloat32);
-      const size_t bytes = size_t(mine.numel()) * sizeof(float);
       comm_
           ->allgather(mine.data_ptr(), residuals.data_ptr(),
-                      std::vector<size_t>(size_t(comm_->size()), bytes), DType::U8)
+                      std::vector<size_t>(size_t(comm_->size()), size_t(mine.numel())), DType::F32)
           ->wait();
     }
     if (rank_ == 0) {

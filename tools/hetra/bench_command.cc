@@ -99,7 +99,29 @@ struct Buffers {
 class Bench {
  public:
   Bench(const BenchOptions& o, comm::Communicator& comm)
-      : o_(o), comm_(comm), kind_(parseCollective(o.collective)) {}
+      : o_(o), comm_(comm), kind_(parseCollective(o.collective)) {
+    // Every size compressed when asked: the table shows where it pays.
+    policy_.compression = comm::CompressionPolicy(comm::parseCompression(o.compression), 256, 0);
+  }
+
+  comm::OpKind opKind() const {
+    switch (kind_) {
+      case Collective::Allreduce:
+        return comm::OpKind::Allreduce;
+      case Collective::ReduceScatter:
+        return comm::OpKind::ReduceScatter;
+      case Collective::Allgather:
+        return comm::OpKind::Allgather;
+      case Collective::Broadcast:
+        return comm::OpKind::Broadcast;
+    }
+    return comm::OpKind::Allreduce;
+  }
+
+  // The provider the communicator runs this size on.
+  std::string providerFor(size_t count) const {
+    return comm_.providerFor(opKind(), o_.dtype, o_.op, count, policy_);
+  }
 
   // Elements per operation for a requested size, rounded so every rank gets an equal block.
   size_t countFor(size_t bytes) const {
@@ -126,11 +148,11 @@ class Bench {
   comm::WorkPtr start(size_t count, Buffers& b) const {
     switch (kind_) {
       case Collective::Allreduce:
-        return comm_.allreduce(b.in.data(), b.out.data(), count, o_.dtype, o_.op);
+        return comm_.allreduce(b.in.data(), b.out.data(), count, o_.dtype, o_.op, policy_);
       case Collective::ReduceScatter:
-        return comm_.reduceScatter(b.in.data(), b.out.data(), b.counts, o_.dtype, o_.op);
+        return comm_.reduceScatter(b.in.data(), b.out.data(), b.counts, o_.dtype, o_.op, policy_);
       case Collective::Allgather:
-        return comm_.allgather(b.in.data(), b.out.data(), b.counts, o_.dtype);
+        return comm_.allgather(b.in.data(), b.out.data(), b.counts, o_.dtype, policy_);
       case Collective::Broadcast:
         return comm_.broadcast(comm_.rank() == 0 ? b.in.data() : b.out.data(), count, o_.dtype, 0);
     }
@@ -175,6 +197,7 @@ class Bench {
  private:
   const BenchOptions& o_;
   comm::Communicator& comm_;
+  comm::OpPolicy policy_;
   Collective kind_;
 };
 
@@ -220,8 +243,7 @@ int runBenchRank(const BenchOptions& o) {
   groupOptions.transport = o.transport;
   groupOptions.timeout = Millis(o.timeoutMs);
   groupOptions.listenAddress = listenAddressFor(*context);
-  groupOptions.compression = comm::parseCompression(o.compression);
-  groupOptions.compressionMinBytes = 0;  // every size: the table shows where it pays
+  groupOptions.algorithm = o.algo;  // "": HETRA_ALGO
   auto comm = comm::Communicator::create(store, context->rank, context->worldSize, groupOptions);
   Bench bench(o, *comm);
   const bool leader = comm->rank() == 0;
@@ -233,8 +255,8 @@ int runBenchRank(const BenchOptions& o) {
         "iters %d\n#\n",
         o.collective.c_str(), n, comm->transportName(), dtypeName(o.dtype),
         comm::reduceOpName(o.op), o.compression.c_str(), o.warmup, o.iters);
-    std::printf("# %12s %12s %9s %11s %12s %12s %7s\n", "size(B)", "count", "type", "time(us)",
-                "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::printf("# %12s %12s %9s %11s %12s %12s %7s  %s\n", "size(B)", "count", "type",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "provider");
     std::fflush(stdout);
   }
 
@@ -246,6 +268,7 @@ int runBenchRank(const BenchOptions& o) {
     const size_t sizeBytes = count * dtypeSize(o.dtype);
     Buffers buffers;
     bench.prepare(count, buffers);
+    const std::string provider = bench.providerFor(count);
 
     // Check the first operation's result (and count the bytes it put on the wire), then time
     // warm-up and timed iterations.
@@ -270,9 +293,9 @@ int runBenchRank(const BenchOptions& o) {
     const double busbw = algbw * bench.busFactor();
     if (wrong > 0) totalWrong += size_t(wrong);
     if (leader) {
-      std::printf("  %12zu %12zu %9s %11.2f %12.3f %12.3f %7s\n", sizeBytes, count,
+      std::printf("  %12zu %12zu %9s %11.2f %12.3f %12.3f %7s  %s\n", sizeBytes, count,
                   dtypeName(o.dtype), seconds * 1e6, algbw, busbw,
-                  o.check ? std::to_string(wrong).c_str() : "N/A");
+                  o.check ? std::to_string(wrong).c_str() : "N/A", provider.c_str());
       std::fflush(stdout);
       rows.push_back({{"bytes", sizeBytes},
                       {"count", count},
@@ -281,7 +304,8 @@ int runBenchRank(const BenchOptions& o) {
                       {"algbw_gbs", algbw},
                       {"busbw_gbs", busbw},
                       {"wrong", wrong},
-                      {"wire_bytes_rank0", wireBytes}});
+                      {"wire_bytes_rank0", wireBytes},
+                      {"provider", provider}});
     }
     if (o.factor <= 1) break;
   }

@@ -23,6 +23,8 @@ struct BenchOptions {
   // Codec of the bytes on the wire (comm/codec/codec.h names); float32 sum/avg only. Results are
   // then checked against the codec's error bound instead of exactly.
   std::string compression = "none";
+  // Providers forced as HETRA_ALGO forces them (comm/providers/registry.h); "" follows HETRA_ALGO.
+  std::string algo;
   std::string jsonPath;
   int timeoutMs = 60000;
 };

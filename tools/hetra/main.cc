@@ -47,6 +47,9 @@ void addBenchCommand(CLI::App& app, cli::BenchOptions& o, int& np, bool& noCheck
       ->add_option("--compression", o.compression,
                    "Bytes on the wire: none | fp16 | bf16 | fp8-e4m3 | fp8-e5m2 (float32 sum/avg)")
       ->capture_default_str();
+  bench->add_option("--algo", o.algo,
+                    "Force providers as HETRA_ALGO does: auto, a provider's name (ring, shared, "
+                    "compressed, hierarchical, ...) or OPERATION:PROVIDER,...");
   bench->add_option("--transport", o.transport, "shm | tcp | mpi (under mpirun) | auto")
       ->check(CLI::IsMember({"auto", "shm", "tcp", "mpi"}));
   bench->add_option("--json", o.jsonPath, "Write the rows as JSON to this file");

@@ -188,9 +188,6 @@ void runRank(const RunOptions& options, const train::RunConfig& config, const Ra
   group.transport = config.comm.transport;
   group.timeout = timeout;
   group.listenAddress = listenAddressFor(context);
-  group.compression = comm::parseCompression(config.comm.compression);
-  group.compressionBlock = size_t(config.comm.compressionBlock);
-  group.compressionMinBytes = size_t(config.comm.compressionMinBytes);
   // [topology] (already resolved: no file left): islands, algorithm, the cost model's links.
   const train::TopologyConfig& topology = config.topology;
   group.islands.assign(topology.islands.begin(), topology.islands.end());

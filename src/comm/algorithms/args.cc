@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "comm/codec/codec.h"
+#include "comm/providers/registry.h"
 #include "common/errors.h"
 
 namespace hetra::comm {
@@ -41,6 +42,7 @@ uint64_t hashCounts(const std::vector<size_t>& counts) {
 OpHeader OpHeader::of(const AllreduceArgs& a) {
   OpHeader h;
   h.seq = a.seq;
+  h.provider = a.provider;
   h.count = a.count;
   h.kind = uint8_t(OpKind::Allreduce);
   h.dtype = uint8_t(a.dtype);
@@ -51,6 +53,7 @@ OpHeader OpHeader::of(const AllreduceArgs& a) {
 OpHeader OpHeader::of(const ReduceScatterArgs& a) {
   OpHeader h;
   h.seq = a.seq;
+  h.provider = a.provider;
   h.count = totalCount(a.counts);
   h.countsHash = hashCounts(a.counts);
   h.kind = uint8_t(OpKind::ReduceScatter);
@@ -62,6 +65,7 @@ OpHeader OpHeader::of(const ReduceScatterArgs& a) {
 OpHeader OpHeader::of(const AllgatherArgs& a) {
   OpHeader h;
   h.seq = a.seq;
+  h.provider = a.provider;
   h.count = totalCount(a.counts);
   h.countsHash = hashCounts(a.counts);
   h.kind = uint8_t(OpKind::Allgather);
@@ -72,23 +76,26 @@ OpHeader OpHeader::of(const AllgatherArgs& a) {
 OpHeader OpHeader::of(const BroadcastArgs& a) {
   OpHeader h;
   h.seq = a.seq;
+  h.provider = a.provider;
   h.count = a.count;
   h.kind = uint8_t(OpKind::Broadcast);
   h.dtype = uint8_t(a.dtype);
-  h.root = a.root;
+  h.root = int16_t(a.root);
   return h;
 }
 
 OpHeader OpHeader::of(const BarrierArgs& a) {
   OpHeader h;
   h.seq = a.seq;
+  h.provider = a.provider;
   h.kind = uint8_t(OpKind::Barrier);
   return h;
 }
 
 bool OpHeader::operator==(const OpHeader& o) const {
   return seq == o.seq && count == o.count && countsHash == o.countsHash && kind == o.kind &&
-         dtype == o.dtype && op == o.op && codec == o.codec && root == o.root;
+         dtype == o.dtype && op == o.op && codec == o.codec && root == o.root &&
+         provider == o.provider;
 }
 
 std::string OpHeader::describe() const {
@@ -99,6 +106,7 @@ std::string OpHeader::describe() const {
     text += str(" (", reduceOpName(ReduceOp(op)), ")");
   if (OpKind(kind) == OpKind::Broadcast) text += str(" from root ", root);
   if (codec != 0) text += str(" compressed ", compressionName(Compression(codec)));
+  text += str(" by provider ", providerName(provider));
   if (countsHash != 0 && OpKind(kind) != OpKind::Allreduce)
     text += str(" counts#", countsHash % 100000);
   return text;

@@ -26,6 +26,7 @@ struct AllreduceArgs {
   ReduceOp op = ReduceOp::Sum;
   uint64_t seq = 0;  // the group's operation number: every rank passes the same one
   Deadline deadline;
+  uint8_t provider = 0;  // set by the communicator; travels in the header
   // Compressed float32 allreduce only: this rank's error feedback state, count elements, updated
   // in place (see compressed.h); nullptr for none.
   float* residual = nullptr;
@@ -41,6 +42,7 @@ struct ReduceScatterArgs {
   ReduceOp op = ReduceOp::Sum;
   uint64_t seq = 0;
   Deadline deadline;
+  uint8_t provider = 0;
 };
 
 // in: counts[rank] elements; out: sum(counts) elements in rank order. `in` may point into `out` at
@@ -52,6 +54,7 @@ struct AllgatherArgs {
   DType dtype = DType::F32;
   uint64_t seq = 0;
   Deadline deadline;
+  uint8_t provider = 0;
 };
 
 struct BroadcastArgs {
@@ -61,12 +64,17 @@ struct BroadcastArgs {
   int root = 0;
   uint64_t seq = 0;
   Deadline deadline;
+  uint8_t provider = 0;
 };
 
 struct BarrierArgs {
   uint64_t seq = 0;
   Deadline deadline;
+  uint8_t provider = 0;
 };
+
+// The largest group: a rank number fits the header's 16-bit root.
+constexpr int kMaxGroupSize = 32767;
 
 // What one rank was asked to do; equal on every rank for a well-formed call. 32 bytes on the wire.
 struct OpHeader {
@@ -76,8 +84,10 @@ struct OpHeader {
   uint8_t kind = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t codec = 0;  // Compression of the bytes on the wire (0: none)
-  int32_t root = 0;
+  uint8_t codec = 0;     // Compression of the bytes on the wire (0: none)
+  int16_t root = 0;      // broadcast only (groups have at most kMaxGroupSize ranks)
+  uint8_t provider = 0;  // the provider that runs it (providers/registry.h): ranks must agree
+  uint8_t reserved = 0;
 
   static OpHeader of(const AllreduceArgs& a);
   static OpHeader of(const ReduceScatterArgs& a);

@@ -1,0 +1,63 @@
+// Provider "shared": the collectives of algorithms/shared.h through the group's SharedArena. Its
+// cost counts the arena's sync points and the bytes each rank copies: an allreduce copies its
+// input into its slot, reduces its slice from every slot and copies every slice out (about three
+// buffers of memory traffic), with a sync point to publish the header and two per piece after it.
+#include <algorithm>
+#include <cmath>
+
+#include "comm/algorithms/shared.h"
+#include "comm/providers/provider.h"
+#include "comm/transport/shared_arena.h"
+
+namespace hetra::comm {
+namespace {
+
+class SharedProvider final : public Provider {
+ public:
+  const char* name() const override { return "shared"; }
+  ProviderTraits traits() const override {
+    ProviderTraits t;
+    t.ops = kAllOps;
+    t.needs = Needs::SharedArena;
+    return t;
+  }
+  double seconds(const Operation& op, const GroupFacts& group) const override {
+    if (group.size == 1) return 0;
+    const double bytes = double(op.bytes);
+    // Pieces move one after another through a third of a slot each.
+    const double piece = std::max<double>(1, double(group.arena->slotBytes()) / 3);
+    const double pieces = std::ceil(bytes / piece);
+    switch (op.kind) {
+      case OpKind::Allreduce:
+      case OpKind::ReduceScatter:
+      case OpKind::Allgather:
+        return group.arenaLink.seconds(1 + 2 * pieces, 3 * bytes);
+      case OpKind::Broadcast:
+        return group.arenaLink.seconds(1 + pieces, 2 * bytes);
+      case OpKind::Barrier:
+        return group.arenaLink.seconds(1, 0);
+    }
+    return 0;
+  }
+  void allreduce(const GroupFacts& g, const Operation&, const AllreduceArgs& a) override {
+    allreduceShared(*g.arena, a);
+  }
+  void reduceScatter(const GroupFacts& g, const Operation&, const ReduceScatterArgs& a) override {
+    reduceScatterShared(*g.arena, a);
+  }
+  void allgather(const GroupFacts& g, const Operation&, const AllgatherArgs& a) override {
+    allgatherShared(*g.arena, a);
+  }
+  void broadcast(const GroupFacts& g, const Operation&, const BroadcastArgs& a) override {
+    broadcastShared(*g.arena, a);
+  }
+  void barrier(const GroupFacts& g, const Operation&, const BarrierArgs& a) override { barrierShared(*g.arena, a); }
+};
+
+}  // namespace
+
+std::shared_ptr<Provider> makeSharedProvider() {
+  return std::make_shared<SharedProvider>();
+}
+
+}  // namespace hetra::comm

@@ -1,0 +1,154 @@
+#include "comm/work_queue.h"
+
+#include "common/errors.h"
+#include "common/logging.h"
+
+namespace hetra::comm {
+
+class WorkQueue::Item : public Work {
+ public:
+  Item(WorkQueue* owner, std::function<std::string()> describe, std::function<void(Deadline)> run)
+      : owner_(owner), describe_(std::move(describe)), run_(std::move(run)) {}
+
+  bool isCompleted() const override { return done_.load(std::memory_order_acquire); }
+  void wait(Deadline deadline) override {
+    if (!isCompleted()) owner_->waitFor(*this, deadline);
+    if (error_) std::rethrow_exception(error_);
+  }
+  // An operation queued behind others starts when they end, and each has the group's timeout
+  // from its start: twice that covers the common case of one operation ahead.
+  void wait() override { wait(deadlineAfter(2 * owner_->timeout_)); }
+  std::exception_ptr exception() const override { return isCompleted() ? error_ : nullptr; }
+  double seconds() const override { return isCompleted() ? seconds_ : 0.0; }
+
+  std::string describe() const { return describe_(); }
+
+  // Runs the operation (once, on whichever thread executes it) and publishes the result.
+  void execute(std::exception_ptr latched, Millis timeout) {
+    const auto start = Clock::now();
+    if (latched) {
+      error_ = latched;
+    } else {
+      try {
+        run_(start + timeout);
+      } catch (const std::exception& e) {
+        HETRA_WARN("comm", describe(), " failed: ", e.what());
+        error_ = std::current_exception();
+      }
+    }
+    seconds_ = secondsSince(start);
+    done_.store(true, std::memory_order_release);
+  }
+
+ private:
+  WorkQueue* owner_;  // valid until done_: the queue drains before it dies
+  std::function<std::string()> describe_;
+  std::function<void(Deadline)> run_;
+  std::exception_ptr error_;
+  double seconds_ = 0;
+  std::atomic<bool> done_{false};
+};
+
+WorkQueue::WorkQueue(int rank, Millis timeout,
+                     std::function<void(std::exception_ptr)> onFirstFailure)
+    : rank_(rank), timeout_(timeout), onFirstFailure_(std::move(onFirstFailure)) {
+  worker_ = std::thread([this] { workLoop(); });
+}
+
+WorkQueue::~WorkQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+WorkPtr WorkQueue::enqueue(std::function<std::string()> describe,
+                           std::function<void(Deadline)> run) {
+  auto item = std::make_shared<Item>(this, std::move(describe), std::move(run));
+  std::lock_guard<std::mutex> lock(mutex_);
+  queue_.push_back(item);
+  queued_.fetch_add(1, std::memory_order_release);
+  // A polling progress thread finds the operation by itself; only a deep sleeper needs a wake-up.
+  if (workerAsleep_) cv_.notify_all();
+  return item;
+}
+
+void WorkQueue::latch(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failed_) failed_ = error;
+}
+
+// The waiting thread runs queued operations itself, in order, when nobody else is running one: an
+// operation issued and waited for at once never crosses threads, so small collectives cost what
+// the algorithm costs (no thread wake-up on the critical path).
+void WorkQueue::waitFor(Item& item, Deadline deadline) {
+  const auto start = Clock::now();
+  const Deadline spinUntil = start + std::chrono::microseconds(kWaitSpinUs);
+  while (!item.isCompleted()) {
+    if (!executing_.load(std::memory_order_acquire) &&
+        queued_.load(std::memory_order_acquire) > 0) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!executing_ && !queue_.empty()) executeFront(lock);
+      continue;
+    }
+    if (Clock::now() < spinUntil) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    ++waiters_;
+    const bool ready = cv_.wait_until(
+        lock, deadline, [&] { return item.isCompleted() || (!executing_ && !queue_.empty()); });
+    --waiters_;
+    if (!ready)
+      throw TimeoutError(str("waiting for ", item.describe(), " timed out after ",
+                             std::chrono::duration_cast<Millis>(Clock::now() - start).count(),
+                             " ms"));
+  }
+}
+
+// Runs the operation at the front of the queue with the lock released; exactly one thread
+// executes at a time, which keeps the group's operations in issue order on every rank.
+void WorkQueue::executeFront(std::unique_lock<std::mutex>& lock) {
+  auto item = queue_.front();
+  queue_.pop_front();
+  queued_.fetch_sub(1, std::memory_order_release);
+  executing_.store(true, std::memory_order_release);
+  const std::exception_ptr latched = failed_;
+  lock.unlock();
+  item->execute(latched, timeout_);
+  if (auto error = item->exception(); error && !latched) {
+    latch(error);
+    onFirstFailure_(error);
+  }
+  lock.lock();
+  executing_.store(false, std::memory_order_release);
+  if (waiters_ > 0 || workerAsleep_ || !queue_.empty()) cv_.notify_all();
+}
+
+// The progress thread runs operations nobody waits for yet (gradient buckets during backward).
+void WorkQueue::workLoop() {
+  log::setRank(rank_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  Deadline lastActive = Clock::now();
+  for (;;) {
+    if (!executing_ && !queue_.empty()) {
+      executeFront(lock);
+      lastActive = Clock::now();
+      continue;
+    }
+    if (stopping_ && queue_.empty() && !executing_) return;
+    if (Clock::now() - lastActive < Millis(kDeepSleepMs)) {
+      cv_.wait_for(lock, std::chrono::microseconds(kPollUs));
+    } else {
+      workerAsleep_ = true;
+      cv_.wait(lock, [&] { return stopping_ || (!executing_ && !queue_.empty()); });
+      workerAsleep_ = false;
+      lastActive = Clock::now();
+    }
+  }
+}
+
+}  // namespace hetra::comm

@@ -1,0 +1,77 @@
+// WorkQueue: runs one group's operations in the order they were issued, on a progress thread or on
+// the thread that waits for them, and latches the first failure.
+//
+// Vocabulary:
+//   operation  a closure with a deadline, queued by the communicator; its Work completes when it
+//              ran (or was failed by the latched error without running).
+//   execute    exactly one thread runs the front operation at a time, with the queue's lock
+//              released: either the progress thread or a waiter that finds nobody running one.
+//   latch      the first error of any operation; every later operation fails with it at once.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "common/timing.h"
+
+namespace hetra::comm {
+
+class WorkQueue {
+ public:
+  // `timeout`: each operation's deadline, from when it starts. `onFirstFailure` runs once, on the
+  // executing thread, with the first error an operation raised (the communicator aborts the
+  // transport there, so peers blocked in the same operation wake).
+  WorkQueue(int rank, Millis timeout, std::function<void(std::exception_ptr)> onFirstFailure);
+  // Operations still queued run before the progress thread stops, so no Work is left pending.
+  ~WorkQueue();
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
+
+  // `describe` builds the operation's name only when a message needs it.
+  WorkPtr enqueue(std::function<std::string()> describe, std::function<void(Deadline)> run);
+
+  // Fails every operation from now on with `error` (the first latched error stays).
+  void latch(std::exception_ptr error);
+
+  Millis timeout() const { return timeout_; }
+
+ private:
+  class Item;
+  friend class Item;
+
+  void waitFor(Item& item, Deadline deadline);
+  void executeFront(std::unique_lock<std::mutex>& lock);
+  void workLoop();
+
+  int rank_;
+  Millis timeout_;
+  std::function<void(std::exception_ptr)> onFirstFailure_;
+
+  // While the group is busy the progress thread polls every kPollUs instead of being woken per
+  // operation; after kDeepSleepMs without work it sleeps until an enqueue wakes it. A waiter spins
+  // kWaitSpinUs before it sleeps.
+  static constexpr int kWaitSpinUs = 50;
+  static constexpr int kPollUs = 1000;
+  static constexpr int kDeepSleepMs = 50;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Item>> queue_;
+  std::atomic<size_t> queued_{0};       // queue_.size(), readable without the lock
+  std::atomic<bool> executing_{false};  // an operation is running (on any thread)
+  int waiters_ = 0;                     // callers blocked on cv_
+  bool workerAsleep_ = false;           // the progress thread waits for an explicit wake-up
+  std::exception_ptr failed_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace hetra::comm
