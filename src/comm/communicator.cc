@@ -25,16 +25,18 @@
 namespace hetra::comm {
 namespace {
 
-const Param kAlgo("HETRA_ALGO", "auto",
-                  "Collective providers forced per operation: auto (the cost model chooses), one "
-                  "provider for every operation it has (ring, shared, compressed, hierarchical, ...), "
-                  "or OPERATION:PROVIDER,... (operations: allreduce, reducescatter, allgather, "
-                  "broadcast, barrier). `hetra params` lists the providers' names.");
+const Param kAlgo(
+    "HETRA_ALGO", "auto",
+    "Collective providers forced per operation: auto (the cost model chooses), one "
+    "provider for every operation it has (ring, shared, compressed, hierarchical, ...), "
+    "or OPERATION:PROVIDER,... (operations: allreduce, reducescatter, allgather, "
+    "broadcast, barrier). `hetra params` lists the providers' names.");
 const Param kIfaceAddr("HETRA_IFACE_ADDR", "127.0.0.1",
                        "Address the tcp transport listens on (the interface other hosts reach).");
-const Param kIslandLink("HETRA_ISLAND_LINK", "5us,5GB/s",
-                        "Latency and bandwidth of a message inside an island (the cost model), e.g. "
-                        "\"5us,5GB/s\"; `hetra probe --links` measures them.");
+const Param kIslandLink(
+    "HETRA_ISLAND_LINK", "5us,5GB/s",
+    "Latency and bandwidth of a message inside an island (the cost model), e.g. "
+    "\"5us,5GB/s\"; `hetra probe --links` measures them.");
 const Param kCrossLink("HETRA_CROSS_LINK", "50us,1.25GB/s",
                        "Latency and bandwidth of a message between islands (the cost model), e.g. "
                        "\"50us,1gbit\".");
@@ -72,10 +74,11 @@ class CommunicatorImpl : public Communicator,
       : store_(std::move(store)), rank_(rank), size_(size), options_(options) {
     HETRA_ENFORCE(rank >= 0 && rank < size, "rank ", rank, " is outside a group of ", size);
     if (size > kMaxGroupSize)
-      throw ConfigError(str("a group of ", size, " ranks: at most ", kMaxGroupSize, " are allowed"));
+      throw ConfigError(
+          str("a group of ", size, " ranks: at most ", kMaxGroupSize, " are allowed"));
     forced_ = parseForcedProviders(options_.algorithm.empty() ? kAlgo.str() : options_.algorithm);
-    islandCost_ = parseLinkCost(options_.islandLink.empty() ? kIslandLink.str()
-                                                            : options_.islandLink);
+    islandCost_ =
+        parseLinkCost(options_.islandLink.empty() ? kIslandLink.str() : options_.islandLink);
     crossCost_ = parseLinkCost(options_.crossLink.empty() ? kCrossLink.str() : options_.crossLink);
     gatherRecords();
     transport_ = connect();
@@ -198,26 +201,27 @@ class CommunicatorImpl : public Communicator,
     args.count = count;
     args.dtype = dtype;
     args.root = root;
-    return enqueue(OpKind::Broadcast, dtype, ReduceOp::Sum, count * dtypeSize(dtype), {},
-                   [=] { return str("broadcast of ", count, " ", dtypeName(dtype)); },
-                   [this, args](Provider& p, const Operation& o, Deadline d) mutable {
-                     args.deadline = d;
-                     args.seq = seq_++;
-                     args.provider = o.provider;
-                     p.broadcast(facts_, o, args);
-                   });
+    return enqueue(
+        OpKind::Broadcast, dtype, ReduceOp::Sum, count * dtypeSize(dtype), {},
+        [=] { return str("broadcast of ", count, " ", dtypeName(dtype)); },
+        [this, args](Provider& p, const Operation& o, Deadline d) mutable {
+          args.deadline = d;
+          args.seq = seq_++;
+          args.provider = o.provider;
+          p.broadcast(facts_, o, args);
+        });
   }
 
   WorkPtr barrier() override {
-    return enqueue(OpKind::Barrier, DType::U8, ReduceOp::Sum, 0, {},
-                   [] { return std::string("barrier"); },
-                   [this](Provider& p, const Operation& o, Deadline d) {
-                     BarrierArgs args;
-                     args.deadline = d;
-                     args.seq = seq_++;
-                     args.provider = o.provider;
-                     p.barrier(facts_, o, args);
-                   });
+    return enqueue(
+        OpKind::Barrier, DType::U8, ReduceOp::Sum, 0, {}, [] { return std::string("barrier"); },
+        [this](Provider& p, const Operation& o, Deadline d) {
+          BarrierArgs args;
+          args.deadline = d;
+          args.seq = seq_++;
+          args.provider = o.provider;
+          p.barrier(facts_, o, args);
+        });
   }
 
   WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint32_t tag) override {
@@ -308,9 +312,9 @@ class CommunicatorImpl : public Communicator,
     mine.table = str(forced_.text, " over ", providerTableText());
     store_->setString(str("rank/", rank_), mine.encode());
     for (int r = 0; r < size_; ++r)
-      records_.push_back(r == rank_ ? mine
-                                    : RankRecord::decode(store_->getString(str("rank/", r),
-                                                                           options_.timeout)));
+      records_.push_back(
+          r == rank_ ? mine
+                     : RankRecord::decode(store_->getString(str("rank/", r), options_.timeout)));
     for (int r = 0; r < size_; ++r)
       if (records_[r].table != mine.table)
         throw ConfigError(str("rank ", r, " forces providers '", records_[r].table, "' but rank ",

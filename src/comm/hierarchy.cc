@@ -50,8 +50,7 @@ Hierarchy::Hierarchy(Communicator& world, const std::vector<int>& islandOf,
   firstShard_ = firstShard(localRank_, islandSize_, shards_);
   endShard_ = firstShard(localRank_ + 1, islandSize_, shards_);
   for (int j = 0; j < shards_; ++j)
-    cross_[j] =
-        world.split(j >= firstShard_ && j < endShard_ ? j : -1, myIsland_, crossOptions);
+    cross_[j] = world.split(j >= firstShard_ && j < endShard_ ? j : -1, myIsland_, crossOptions);
 }
 
 void Hierarchy::waitFor(const WorkPtr& work, Deadline deadline) const {
@@ -127,8 +126,9 @@ struct BlockMap {
   }
 };
 
-// Copies region k's elements [from, from + count) from `src` to `dst`: out of a buffer in world-rank
-// order into a contiguous one (gather), or back (scatter), walking the blocks of island k's ranks.
+// Copies region k's elements [from, from + count) from `src` to `dst`: out of a buffer in
+// world-rank order into a contiguous one (gather), or back (scatter), walking the blocks of island
+// k's ranks.
 enum class Direction { Gather, Scatter };
 void copyRegionRange(const std::vector<size_t>& counts, const std::vector<int>& islandOf,
                      const BlockMap& map, int island, size_t from, size_t count, size_t es,
@@ -186,8 +186,8 @@ void Hierarchy::reduceScatter(const ReduceScatterArgs& args, const OpPolicy& pol
     std::vector<size_t> byIsland(islandCount_);
     for (int k = 0; k < islandCount_; ++k) byIsland[k] = segments[j * islandCount_ + k].count;
     works.push_back(cross_[j]->reduceScatter(shard_.data() + inOffset * es,
-                                             reduced.data() + outOffset * es, byIsland,
-                                             args.dtype, args.op, across));
+                                             reduced.data() + outOffset * es, byIsland, args.dtype,
+                                             args.op, across));
     inOffset += totalCount(byIsland);
     outOffset += byIsland[myIsland_];
   }

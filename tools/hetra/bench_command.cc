@@ -255,8 +255,8 @@ int runBenchRank(const BenchOptions& o) {
         "iters %d\n#\n",
         o.collective.c_str(), n, comm->transportName(), dtypeName(o.dtype),
         comm::reduceOpName(o.op), o.compression.c_str(), o.warmup, o.iters);
-    std::printf("# %12s %12s %9s %11s %12s %12s %7s  %s\n", "size(B)", "count", "type",
-                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "provider");
+    std::printf("# %12s %12s %9s %11s %12s %12s %7s  %s\n", "size(B)", "count", "type", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "#wrong", "provider");
     std::fflush(stdout);
   }
 

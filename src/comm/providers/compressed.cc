@@ -37,7 +37,8 @@ class CompressedProvider final : public Provider {
   void allreduce(const GroupFacts& g, const Operation& op, const AllreduceArgs& a) override {
     allreduceCompressed(*g.transport, a, *op.codec);
   }
-  void reduceScatter(const GroupFacts& g, const Operation& op, const ReduceScatterArgs& a) override {
+  void reduceScatter(const GroupFacts& g, const Operation& op,
+                     const ReduceScatterArgs& a) override {
     reduceScatterCompressed(*g.transport, a, *op.codec);
   }
   void allgather(const GroupFacts& g, const Operation& op, const AllgatherArgs& a) override {

@@ -27,7 +27,8 @@ class HierarchicalProvider final : public Provider {
   void allreduce(const GroupFacts& g, const Operation& op, const AllreduceArgs& a) override {
     g.hierarchy->allreduce(a, *op.policy);
   }
-  void reduceScatter(const GroupFacts& g, const Operation& op, const ReduceScatterArgs& a) override {
+  void reduceScatter(const GroupFacts& g, const Operation& op,
+                     const ReduceScatterArgs& a) override {
     g.hierarchy->reduceScatter(a, *op.policy);
   }
   void allgather(const GroupFacts& g, const Operation& op, const AllgatherArgs& a) override {

@@ -53,8 +53,8 @@ constexpr uint32_t kAllOps = bitOf(OpKind::Allreduce) | bitOf(OpKind::ReduceScat
                              bitOf(OpKind::Barrier);
 constexpr uint32_t kAllDtypes = 0xffffffffu;
 // Providers implement sum, min and max; the communicator reduces avg as sum and divides once.
-constexpr uint32_t kAllReduceOps = bitOf(ReduceOp::Sum) | bitOf(ReduceOp::Min) |
-                                   bitOf(ReduceOp::Max);
+constexpr uint32_t kAllReduceOps =
+    bitOf(ReduceOp::Sum) | bitOf(ReduceOp::Min) | bitOf(ReduceOp::Max);
 
 enum class BufferPlace : uint8_t { Host = 0, Cuda = 1, Rocm = 2 };
 constexpr uint32_t bitOf(BufferPlace place) {
@@ -70,9 +70,9 @@ enum class Needs : uint8_t {
 };
 
 struct ProviderTraits {
-  uint32_t ops = 0;                           // bitOf(OpKind) set
-  uint32_t dtypes = kAllDtypes;               // bitOf(DType) set
-  uint32_t reduceOps = kAllReduceOps;         // bitOf(ReduceOp) set (reducing ops only)
+  uint32_t ops = 0;                            // bitOf(OpKind) set
+  uint32_t dtypes = kAllDtypes;                // bitOf(DType) set
+  uint32_t reduceOps = kAllReduceOps;          // bitOf(ReduceOp) set (reducing ops only)
   uint32_t places = bitOf(BufferPlace::Host);  // bitOf(BufferPlace) set
   Needs needs = Needs::Transport;
   // Runs exact operations, and operations whose policy asks for a codec (a provider qualifies only
@@ -102,11 +102,11 @@ struct GroupFacts {
   int rank = 0;
   int size = 1;
   Transport* transport = nullptr;
-  SharedArena* arena = nullptr;     // null when the transport has none
-  Hierarchy* hierarchy = nullptr;   // null for a group of one island
-  LinkCost link;                    // a point-to-point message of the group's transport
-  LinkCost arenaLink;               // a sync point and a copy through the arena
-  bool hasNativeLibrary = false;    // the transport is a native library's group
+  SharedArena* arena = nullptr;    // null when the transport has none
+  Hierarchy* hierarchy = nullptr;  // null for a group of one island
+  LinkCost link;                   // a point-to-point message of the group's transport
+  LinkCost arenaLink;              // a sync point and a copy through the arena
+  bool hasNativeLibrary = false;   // the transport is a native library's group
 };
 
 class Provider {

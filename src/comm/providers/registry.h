@@ -47,11 +47,9 @@ ForcedProviders parseForcedProviders(const std::string& text);
 // The provider for `op` in `group`: the forced one (ConfigError when it does not qualify), else
 // the cheapest that qualifies (on equal cost, the earlier in the table). ConfigError when none
 // qualifies.
-uint8_t chooseProvider(const Operation& op, const GroupFacts& group,
-                       const ForcedProviders& forced);
+uint8_t chooseProvider(const Operation& op, const GroupFacts& group, const ForcedProviders& forced);
 
 // "" when provider `id` qualifies for `op` in `group`, else why not.
-std::string whyNotQualified(const Provider& provider, const Operation& op,
-                            const GroupFacts& group);
+std::string whyNotQualified(const Provider& provider, const Operation& op, const GroupFacts& group);
 
 }  // namespace hetra::comm

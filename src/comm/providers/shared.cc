@@ -51,7 +51,9 @@ class SharedProvider final : public Provider {
   void broadcast(const GroupFacts& g, const Operation&, const BroadcastArgs& a) override {
     broadcastShared(*g.arena, a);
   }
-  void barrier(const GroupFacts& g, const Operation&, const BarrierArgs& a) override { barrierShared(*g.arena, a); }
+  void barrier(const GroupFacts& g, const Operation&, const BarrierArgs& a) override {
+    barrierShared(*g.arena, a);
+  }
 };
 
 }  // namespace
