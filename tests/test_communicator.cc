@@ -35,25 +35,40 @@ TEST_P(CommunicatorTest, ThreadsOfOneProcessGetTheRequestedTransport) {
   });
 }
 
+// Operation k reads operation k-1's output buffer, all issued before any is waited on: only
+// running them in issue order gives the checked values (an operation run early reads its input
+// buffer's initial contents, which differ per rank). Then the last one is waited on first: every
+// earlier one must have completed by then.
 TEST_P(CommunicatorTest, ManyOperationsInFlightCompleteInOrder) {
   auto store = std::make_shared<store::MemoryStore>();
-  constexpr int kSize = 3, kOps = 6;
+  constexpr int kSize = 3;
   const size_t count = 1000 + 3;
+  // Once op 0 has summed the ranks' inputs, every rank holds the same S and the others act on it:
+  // avg and min and max keep it, sum triples it.
+  const std::vector<ReduceOp> ops = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max,
+                                     ReduceOp::Sum, ReduceOp::Min, ReduceOp::Avg};
+  const std::vector<double> timesS = {1, 1, 1, 3, 3, 3};
+  // Bounded so that op 5's sum before its division, 9 S (27 inputs), stays exact in float32.
+  const test::DistinctValues values(DType::F32, kSize * kSize * kSize);
   runRanks(kSize, [&](int rank) {
     auto comm = Communicator::create(store, rank, kSize, optionsFor(GetParam()));
-    std::vector<std::vector<float>> bufs(kOps, std::vector<float>(count));
+    std::vector<std::vector<float>> bufs(ops.size() + 1, std::vector<float>(count));
+    for (size_t k = 0; k < bufs.size(); ++k)
+      for (size_t i = 0; i < count; ++i) bufs[k][i] = float(values(rank, i + k * count));
     std::vector<WorkPtr> works;
-    for (int op = 0; op < kOps; ++op) {
-      for (size_t i = 0; i < count; ++i) bufs[op][i] = float(rank * 100 + op * 10) + float(i % 7);
-      works.push_back(comm->allreduce(bufs[op].data(), bufs[op].data(), count, DType::F32,
-                                      op % 2 ? ReduceOp::Avg : ReduceOp::Sum));
-    }
-    for (int op = 0; op < kOps; ++op) {
-      works[op]->wait();
-      EXPECT_TRUE(works[op]->isCompleted());
+    for (size_t k = 0; k < ops.size(); ++k)
+      works.push_back(
+          comm->allreduce(bufs[k].data(), bufs[k + 1].data(), count, DType::F32, ops[k]));
+    works.back()->wait();
+    for (size_t k = 0; k < ops.size(); ++k)
+      EXPECT_TRUE(works[k]->isCompleted()) << "op " << k << " completed after the last one";
+    for (size_t k = 0; k < ops.size(); ++k) {
+      works[k]->wait();
       for (size_t i = 0; i < count; ++i) {
-        const float sum = float((0 + 100 + 200) + kSize * (op * 10 + int(i % 7)));
-        ASSERT_FLOAT_EQ(bufs[op][i], op % 2 ? sum / kSize : sum) << "op " << op << " i " << i;
+        double sum = 0;
+        for (int r = 0; r < kSize; ++r) sum += values(r, i);
+        ASSERT_EQ(bufs[k + 1][i], float(timesS[k] * sum))
+            << "op " << k << " (" << reduceOpName(ops[k]) << ") element " << i;
       }
     }
   });
