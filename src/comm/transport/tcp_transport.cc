@@ -63,6 +63,7 @@
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/params.h"
+#include "common/units.h"
 
 namespace hetra::comm {
 
@@ -88,12 +89,6 @@ constexpr size_t kStageBytes = 64 << 10;
 constexpr size_t kMaxUnexpectedBytes = size_t(256) << 20;
 // Connections in their handshake on the listening socket; more are refused.
 constexpr size_t kMaxPendingConnections = 64;
-
-std::string hostName() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "?";
-  return name;
-}
 
 std::string errnoText(int err) {
   return std::strerror(err);
@@ -278,48 +273,10 @@ std::string decodeTcpFrameHeader(const uint8_t* data, size_t size, uint32_t expe
 }
 
 uint64_t parseRate(const std::string& text, const std::string& source) {
-  auto bad = [&]() {
-    return ConfigError(str(source, "='", text,
-                           "' is not a rate; examples: 0 (unlimited), 125000000, 125MB, 1gbit, "
-                           "20MB/s, 512KiB"));
-  };
-  std::string value = text;
-  value.erase(
-      std::remove_if(value.begin(), value.end(), [](unsigned char c) { return std::isspace(c); }),
-      value.end());
-  if (value.size() > 2 && value.compare(value.size() - 2, 2, "/s") == 0)
-    value.resize(value.size() - 2);
-  size_t used = 0;
-  double number = 0;
-  try {
-    number = std::stod(value, &used);
-  } catch (const std::exception&) {
-    throw bad();
-  }
-  if (!(number >= 0) || !std::isfinite(number)) throw bad();
-  std::string unit = value.substr(used);
-  std::string lower = unit;
-  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-  double scale = 0;
-  if (unit.empty() || unit == "B") {
-    scale = 1;
-  } else if (lower.size() >= 3 && lower.compare(lower.size() - 3, 3, "bit") == 0) {
-    const std::string prefix = lower.substr(0, lower.size() - 3);
-    const double factor = prefix.empty()  ? 1
-                          : prefix == "k" ? 1e3
-                          : prefix == "m" ? 1e6
-                          : prefix == "g" ? 1e9
-                                          : 0;
-    scale = factor / 8;
-  } else if (unit == "KiB" || unit == "MiB" || unit == "GiB") {
-    scale = unit[0] == 'K' ? 1024.0 : unit[0] == 'M' ? 1048576.0 : 1073741824.0;
-  } else if (unit.size() == 2 && unit[1] == 'B') {
-    const char p = char(std::tolower(static_cast<unsigned char>(unit[0])));
-    scale = p == 'k' ? 1e3 : p == 'm' ? 1e6 : p == 'g' ? 1e9 : 0;
-  }
-  if (scale == 0) throw bad();
-  const double rate = number * scale;
-  if (rate > 1e15) throw bad();
+  const double rate = hetra::parseRate(text, source);
+  // A petabyte per second is no limit on any link: a larger figure is a typo.
+  if (rate > 1e15)
+    throw ConfigError(str(source, "='", text, "' is above 1PB/s; use 0 for unlimited"));
   // A positive rate below one byte per second would never send anything.
   return rate > 0 ? std::max<uint64_t>(1, uint64_t(std::llround(rate))) : 0;
 }
@@ -1116,7 +1073,7 @@ void TcpTransport::listen() {
   if (any) {
     // Peers on other hosts need a name they can reach, not the wildcard.
     const auto port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    listenAddress_ = str(hostName(), ":", port);
+    listenAddress_ = str(net::hostName(), ":", port);
   }
 }
 
@@ -1395,7 +1352,7 @@ std::unique_ptr<Transport> createTcpTransport(std::shared_ptr<store::Store> stor
   auto transport = std::make_unique<TcpTransport>(store, rank, size, options);
   if (size > 1) transport->setup(deadline);
   // Join: a missing rank is named here instead of surfacing as an anonymous connection timeout.
-  store->setString(str("join/", rank), hostName());
+  store->setString(str("join/", rank), net::hostName());
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(str("join/", r));
   try {
