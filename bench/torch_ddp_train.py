@@ -236,9 +236,8 @@ def worker(a):
         batches = equal_split(a.global_batch, world)
     begin = sum(batches[:rank])
     mine = batches[rank]
-    # DDP divides the sum of the ranks' gradients by N; b_i*N/B makes it the global batch's mean gradient
-    # (checked: one step of 21/11/5 matches the whole batch's gradient to 2e-8). The equal split runs as
-    # plain DDP, unscaled.
+    # DDP divides the sum of the ranks' gradients by N; b_i*N/B makes it the global batch's mean gradient.
+    # The equal split runs as plain DDP, unscaled.
     loss_scale = mine * world / a.global_batch if a.split == "proportional" and not a.solo else 1.0
     per_epoch = x_all.shape[0] // a.global_batch
     emu = Emulator(slowdown, time.thread_time if a.cpu_clock == "thread" else time.process_time,
