@@ -12,7 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "common/dtype.h"
+#include "common/errors.h"
 #include "common/logging.h"
 
 namespace hetra::test {
@@ -48,6 +51,35 @@ inline void runRanks(int size, const std::function<void(int)>& fn) {
       throw std::runtime_error("rank " + std::to_string(rank) + ": " + e.what());
     }
   }
+}
+
+// Expects the mismatch on every rank as that rank learns of it: MismatchError where the rank
+// compared the calls itself, PeerAbortedError naming the rank that did where that one aborted the
+// group; both carry `reason`, and at least one rank saw it first-hand. Any other error, such as
+// the TimeoutError of a rank that waited for its deadline, fails the test.
+inline void expectMismatchOnEveryRank(const std::vector<std::exception_ptr>& errors,
+                                      const std::string& reason) {
+  int firstHand = 0;
+  for (size_t rank = 0; rank < errors.size(); ++rank) {
+    if (!errors[rank]) {
+      ADD_FAILURE() << "rank " << rank << " did not fail";
+      continue;
+    }
+    try {
+      std::rethrow_exception(errors[rank]);
+    } catch (const MismatchError& e) {
+      ++firstHand;
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos)
+          << "rank " << rank << ": " << e.what();
+    } catch (const PeerAbortedError& e) {
+      EXPECT_GE(e.rank(), 0) << "rank " << rank << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos)
+          << "rank " << rank << ": " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << rank << " failed with " << e.what() << " instead of the mismatch";
+    }
+  }
+  EXPECT_GT(firstHand, 0) << "no rank reported the mismatch itself";
 }
 
 // Test values, exact in their dtype, distinct per (rank, element), with sums over `ranks` ranks
