@@ -1,7 +1,8 @@
-// The small-message collectives (algorithms/small_shared.cc) on real ranks: one thread per rank,
-// each with its own shm transport, over world sizes x dtypes x ops x counts up to the small slot's
-// capacity, with values distinct per (rank, element); plus mismatched calls (on either path),
-// aborts and deadlines.
+// The small-message collectives on real ranks, one thread per rank with its own transport: the
+// small-slot collectives (algorithms/small_shared.cc) over shm and recursive doubling
+// (algorithms/small_tcp.cc) over tcp and shm, over world sizes x dtypes x ops x counts up to each
+// one's capacity, with values distinct per (rank, element); plus mismatched calls (also across
+// paths), aborts and deadlines.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +16,9 @@
 
 #include "comm/algorithms/shared.h"
 #include "comm/algorithms/small_shared.h"
+#include "comm/algorithms/small_tcp.h"
 #include "comm/transport/shm_transport.h"
+#include "comm/transport/tcp_transport.h"
 #include "common/errors.h"
 #include "harness.h"
 #include "shm_testing.h"
@@ -28,11 +31,22 @@ using test::runRanksCollect;
 
 const std::vector<int> kWorldSizes = {1, 2, 3, 4, 5, 7};
 
-std::unique_ptr<Transport> connect(store::Store& store, int rank, int size) {
+enum class Link { Shm, Tcp };
+const char* linkName(Link link) {
+  return link == Link::Shm ? "shm" : "tcp";
+}
+
+std::unique_ptr<Transport> connect(Link link, const std::shared_ptr<store::Store>& store, int rank,
+                                   int size) {
+  if (link == Link::Tcp) {
+    TcpOptions options;
+    options.timeout = Millis(20000);
+    return createTcpTransport(store, rank, size, options);
+  }
   ShmOptions options;
   options.timeout = Millis(20000);
   options.slotBytes = 8192;
-  return createShmTransport(store, rank, size, options);
+  return createShmTransport(*store, rank, size, options);
 }
 
 Deadline testDeadline() {
@@ -78,9 +92,10 @@ std::vector<uint8_t> filled(DType dtype, size_t count, int ranks, int rank) {
   return buffer;
 }
 
-// Counts that matter for a dtype: none, one, an odd one, and the largest the slot holds.
-std::vector<size_t> countsFor(DType dtype) {
-  return {0, 1, 37, smallSharedCapacity() / dtypeSize(dtype)};
+// Counts that matter for a dtype: none, one, an odd one, and the largest that `capacity` bytes
+// hold.
+std::vector<size_t> countsFor(DType dtype, size_t capacity = smallSharedCapacity()) {
+  return {0, 1, 37, capacity / dtypeSize(dtype)};
 }
 
 // A rank's first wrong elements: collected rather than thrown, so that the ranks stay in step, and
@@ -93,49 +108,75 @@ struct Failures {
   }
 };
 
-void runGroup(int n, const std::function<void(int, SharedArena&, Failures&)>& body) {
+void runGroupOn(Link link, int n, const std::function<void(int, Transport&, Failures&)>& body) {
   auto store = test::newGroupStore();
   runRanks(n, [&](int rank) {
-    auto transport = connect(*store, rank, n);
+    auto transport = connect(link, store, rank, n);
     Failures failures;
-    body(rank, *transport->sharedArena(), failures);
+    body(rank, *transport, failures);
     if (failures.count > 0)
       throw std::runtime_error(str(failures.count, " wrong elements:", failures.text));
   });
 }
 
+void runGroup(int n, const std::function<void(int, SharedArena&, Failures&)>& body) {
+  runGroupOn(Link::Shm, n, [&](int rank, Transport& transport, Failures& failures) {
+    body(rank, *transport.sharedArena(), failures);
+  });
+}
+
+// Every dtype and op, counts up to `capacity` bytes, in place and not, through `allreduce`.
+void sweepAllreduce(int n, int rank, size_t capacity, Failures& failures,
+                    const std::function<void(const AllreduceArgs&)>& allreduce) {
+  uint64_t seq = 0;
+  for (DType dtype : kAllDTypes)
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg})
+      for (size_t count : countsFor(dtype, capacity)) {
+        auto in = filled(dtype, count, n, rank);
+        auto out = std::vector<uint8_t>(in.size(), 0xEE);
+        const bool inPlace = seq % 2 == 1;
+        const AllreduceArgs args{.in = in.data(),
+                                 .out = inPlace ? in.data() : out.data(),
+                                 .count = count,
+                                 .dtype = dtype,
+                                 .op = op,
+                                 .seq = seq++,
+                                 .deadline = testDeadline()};
+        allreduce(args);
+        // Avg is reduced as Sum: the caller divides.
+        const ReduceOp reduced = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+        for (size_t i = 0; i < count; ++i) {
+          const double got = loadElement(dtype, args.out, i);
+          const double want = reference(dtype, reduced, n, i);
+          failures.expect(got == want, [&] {
+            return str(dtypeName(dtype), " ", reduceOpName(op), " count ", count, " [", i,
+                       "]: got ", got, ", want ", want);
+          });
+        }
+      }
+}
+
 TEST(SmallShared, AllreduceEveryDtypeOpAndCount) {
   for (int n : kWorldSizes) {
     runGroup(n, [n](int rank, SharedArena& arena, Failures& failures) {
-      uint64_t seq = 0;
-      for (DType dtype : kAllDTypes)
-        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg})
-          for (size_t count : countsFor(dtype)) {
-            ASSERT_TRUE(smallSharedFits(arena, count * dtypeSize(dtype)));
-            auto in = filled(dtype, count, n, rank);
-            auto out = std::vector<uint8_t>(in.size(), 0xEE);
-            const bool inPlace = seq % 2 == 1;
-            const AllreduceArgs args{.in = in.data(),
-                                     .out = inPlace ? in.data() : out.data(),
-                                     .count = count,
-                                     .dtype = dtype,
-                                     .op = op,
-                                     .seq = seq++,
-                                     .deadline = testDeadline()};
-            allreduceSmallShared(arena, args);
-            // Avg is reduced as Sum: the caller divides.
-            const ReduceOp reduced = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-            for (size_t i = 0; i < count; ++i) {
-              const double got = loadElement(dtype, args.out, i);
-              const double want = reference(dtype, reduced, n, i);
-              failures.expect(got == want, [&] {
-                return str(dtypeName(dtype), " ", reduceOpName(op), " count ", count, " [", i,
-                           "]: got ", got, ", want ", want);
-              });
-            }
-          }
+      ASSERT_TRUE(smallSharedFits(arena, smallSharedCapacity()));
+      EXPECT_FALSE(smallSharedFits(arena, smallSharedCapacity() + 1));
+      sweepAllreduce(n, rank, smallSharedCapacity(), failures,
+                     [&](const AllreduceArgs& args) { allreduceSmallShared(arena, args); });
     });
   }
+}
+
+TEST(RecursiveDoubling, AllreduceEveryDtypeOpAndCount) {
+  for (Link link : {Link::Tcp, Link::Shm})
+    for (int n : kWorldSizes) {
+      SCOPED_TRACE(str(linkName(link), ", ", n, " ranks"));
+      runGroupOn(link, n, [n](int rank, Transport& transport, Failures& failures) {
+        sweepAllreduce(
+            n, rank, recursiveDoublingCapacity(), failures,
+            [&](const AllreduceArgs& args) { allreduceRecursiveDoubling(transport, args); });
+      });
+    }
 }
 
 TEST(SmallShared, AllgatherUnevenBlocks) {
@@ -223,8 +264,17 @@ std::vector<std::exception_ptr> runFailing(
     int n, const std::function<void(int, SharedArena&, Transport&)>& call) {
   auto store = test::newGroupStore();
   return runRanksCollect(n, [&](int rank) {
-    auto transport = connect(*store, rank, n);
+    auto transport = connect(Link::Shm, store, rank, n);
     call(rank, *transport->sharedArena(), *transport);
+  });
+}
+
+std::vector<std::exception_ptr> runFailingOnTcp(int n,
+                                                const std::function<void(int, Transport&)>& call) {
+  auto store = test::newGroupStore();
+  return runRanksCollect(n, [&](int rank) {
+    auto transport = connect(Link::Tcp, store, rank, n);
+    call(rank, *transport);
   });
 }
 
@@ -266,26 +316,49 @@ AllreduceArgs inPlaceArgs(std::vector<float>& buf, size_t count, Deadline deadli
   return args;
 }
 
-// An allreduce of 16 elements whose arguments `vary(rank, args)` changes on some ranks.
-void expectMismatchedAllreduce(int n, const std::function<void(int, AllreduceArgs&)>& vary) {
-  auto errors = runFailing(n, [&](int rank, SharedArena& arena, Transport&) {
+// An allreduce of 16 elements whose arguments `vary(rank, args)` changes on some ranks, run by
+// `allreduce`; every rank must throw MismatchError.
+using AllreduceOn = std::function<void(Transport&, const AllreduceArgs&)>;
+void expectMismatchedAllreduce(Link link, int n, const AllreduceOn& allreduce,
+                               const std::function<void(int, AllreduceArgs&)>& vary) {
+  auto store = test::newGroupStore();
+  auto errors = runRanksCollect(n, [&](int rank) {
+    auto transport = connect(link, store, rank, n);
     std::vector<float> buf;
     AllreduceArgs args = inPlaceArgs(buf, 16, testDeadline());
     vary(rank, args);
     buf.resize(args.count * dtypeSize(args.dtype) / sizeof(float) + 1);
     args.in = args.out = buf.data();
-    allreduceSmallShared(arena, args);
+    allreduce(*transport, args);
   });
   expectThrown<MismatchError>(errors, everyRank(n), "mismatched collective");
 }
 
+// Count, dtype, op and seq each differing on one rank, on group sizes with and without folding.
+void expectEveryMismatchCaught(Link link, const AllreduceOn& allreduce) {
+  expectMismatchedAllreduce(link, 3, allreduce,
+                            [](int rank, AllreduceArgs& a) { a.count = rank == 2 ? 17 : 16; });
+  expectMismatchedAllreduce(link, 4, allreduce, [](int rank, AllreduceArgs& a) {
+    a.dtype = rank == 0 ? DType::F64 : DType::F32;
+  });
+  expectMismatchedAllreduce(link, 5, allreduce, [](int rank, AllreduceArgs& a) {
+    a.op = rank == 4 ? ReduceOp::Max : ReduceOp::Sum;
+  });
+  expectMismatchedAllreduce(link, 2, allreduce,
+                            [](int rank, AllreduceArgs& a) { a.seq = rank == 1 ? 1 : 0; });
+}
+
 TEST(SmallShared, MismatchedCallsFailOnEveryRank) {
-  expectMismatchedAllreduce(3, [](int rank, AllreduceArgs& a) { a.count = rank == 2 ? 17 : 16; });
-  expectMismatchedAllreduce(
-      4, [](int rank, AllreduceArgs& a) { a.dtype = rank == 0 ? DType::F64 : DType::F32; });
-  expectMismatchedAllreduce(
-      5, [](int rank, AllreduceArgs& a) { a.op = rank == 4 ? ReduceOp::Max : ReduceOp::Sum; });
-  expectMismatchedAllreduce(2, [](int rank, AllreduceArgs& a) { a.seq = rank == 1 ? 1 : 0; });
+  expectEveryMismatchCaught(Link::Shm, [](Transport& transport, const AllreduceArgs& args) {
+    allreduceSmallShared(*transport.sharedArena(), args);
+  });
+}
+
+TEST(RecursiveDoubling, MismatchedCallsFailOnEveryRank) {
+  for (Link link : {Link::Tcp, Link::Shm}) {
+    SCOPED_TRACE(linkName(link));
+    expectEveryMismatchCaught(link, allreduceRecursiveDoubling);
+  }
 }
 
 TEST(SmallShared, BarrierAgainstAllreduceFailsOnEveryRank) {
@@ -314,16 +387,42 @@ TEST(SmallShared, SizeMismatchAcrossPathsFailsOnEveryRank) {
   expectThrown<MismatchError>(errors, everyRank(3), "mismatched collective");
 }
 
-TEST(SmallShared, MissingRankTimesOut) {
-  auto errors = runFailing(2, [](int rank, SharedArena& arena, Transport&) {
+// Rank 1 never calls the collective: rank 0 must time out naming it.
+void expectMissingRankTimesOut(Link link, const AllreduceOn& allreduce) {
+  auto store = test::newGroupStore();
+  auto errors = runRanksCollect(2, [&](int rank) {
+    auto transport = connect(link, store, rank, 2);
     std::vector<float> buf;
     if (rank == 1)
-      std::this_thread::sleep_for(Millis(600));  // never calls the collective
+      std::this_thread::sleep_for(Millis(600));
     else
-      allreduceSmallShared(arena, inPlaceArgs(buf, 1, deadlineAfter(Millis(300))));
+      allreduce(*transport, inPlaceArgs(buf, 1, deadlineAfter(Millis(300))));
   });
   EXPECT_FALSE(errors[1]);
-  expectThrown<TimeoutError>(errors, {0}, "waiting for rank 1");
+  expectThrown<TimeoutError>(errors, {0}, "rank 1");
+}
+
+TEST(SmallShared, MissingRankTimesOut) {
+  expectMissingRankTimesOut(Link::Shm, [](Transport& transport, const AllreduceArgs& args) {
+    allreduceSmallShared(*transport.sharedArena(), args);
+  });
+}
+
+TEST(RecursiveDoubling, MissingRankTimesOut) {
+  expectMissingRankTimesOut(Link::Tcp, allreduceRecursiveDoubling);
+}
+
+TEST(RecursiveDoubling, AbortWakesEveryRank) {
+  auto errors = runFailingOnTcp(4, [](int rank, Transport& transport) {
+    std::vector<float> buf;
+    if (rank == 1) {
+      std::this_thread::sleep_for(Millis(200));
+      transport.abort("out of memory in the test");
+      return;
+    }
+    allreduceRecursiveDoubling(transport, inPlaceArgs(buf, 3, testDeadline()));
+  });
+  expectThrown<PeerAbortedError>(errors, {0, 2, 3}, "out of memory in the test");
 }
 
 TEST(SmallShared, AbortWakesEveryRank) {
