@@ -19,8 +19,9 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Every test; then the communication, store and authentication tests again under AddressSanitizer +
-# UBSan and under ThreadSanitizer, and the training tests under AddressSanitizer + UBSan; then each fuzz target for FUZZ_SECONDS; then the MPI transport;
-# then the CUDA build where the toolkit is installed.
+# UBSan and the communication tests under ThreadSanitizer, and the training, launcher, CLI, elastic
+# and config tests under AddressSanitizer + UBSan; then each fuzz target for FUZZ_SECONDS; then the
+# MPI transport; then the CUDA build where the toolkit is installed.
 # Each ctest run leaves a JUnit report; the last line of make test adds them all up.
 JUNIT := ctest-junit.xml
 test: build
@@ -34,39 +35,42 @@ test: build
 	@$(MAKE) --no-print-directory build-cuda
 	@scripts/test-summary.sh $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
 
-# The comm sanitizer builds leave LibTorch out: they check our communication code, not LibTorch's.
-# Their tests, by ctest label (tests/CMakeLists.txt): a test missing here shows as "Not Run".
-COMM_TESTS := test_reduce test_communicator test_shm_transport test_shared_algorithms \
-              test_tcp_transport test_ring_algorithms test_codec test_codec_gpu_elements \
-              test_comm_compressed test_comm_hierarchy test_comm_topology test_comm_staging \
-              test_comm_bootstrap
-STORE_TESTS := test_store test_auth
-SANITIZED_LABELS := comm|store
+# The sanitizer runs pick their tests by ctest label: tests/CMakeLists.txt assigns every test its
+# label, and its target tests-LABEL builds that label's binaries (ctest builds nothing).
+empty :=
+space := $(empty) $(empty)
+label-targets = $(addprefix tests-,$(1))
+label-regex = ^($(subst $(space),|,$(strip $(1))))$$
 
+# The comm sanitizer builds leave LibTorch out: they check our communication code, not LibTorch's.
+ASAN_LABELS := comm store
 test-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=address >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target $(COMM_TESTS) $(STORE_TESTS)
-	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(SANITIZED_LABELS)" --output-junit $(JUNIT)
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target $(call label-targets,$(ASAN_LABELS))
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(call label-regex,$(ASAN_LABELS))" --output-junit $(JUNIT)
 
-# The training tests under ASan+UBSan: our training code instrumented, LibTorch as Debian built it.
+# The training tests, the launcher and CLI tests (tools: they run this build's hetra binary, so
+# elastic runs train) and the config tests under ASan+UBSan: our code instrumented, LibTorch as
+# Debian built it.
 ASAN_TRAIN_BUILD ?= build-asan-train
-TRAIN_TESTS := test_models test_datasets test_optim test_sampler test_data_parallel test_trainer
+ASAN_TRAIN_LABELS := train tools config
 test-asan-train: deps
 	@cmake -S . -B $(ASAN_TRAIN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_SANITIZE=address >/dev/null
-	@cmake --build $(ASAN_TRAIN_BUILD) -j $(JOBS) --target $(TRAIN_TESTS)
-	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_TRAIN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L train --output-junit $(JUNIT)
+	@cmake --build $(ASAN_TRAIN_BUILD) -j $(JOBS) --target $(call label-targets,$(ASAN_TRAIN_LABELS))
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_TRAIN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(call label-regex,$(ASAN_TRAIN_LABELS))" --output-junit $(JUNIT)
 
+TSAN_LABELS := comm
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=thread >/dev/null
-	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(COMM_TESTS)
-	TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L comm --output-junit $(JUNIT)
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(call label-targets,$(TSAN_LABELS))
+	TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(call label-regex,$(TSAN_LABELS))" --output-junit $(JUNIT)
 
 # The MPI transport (HETRA_WITH_MPI, Open MPI) under mpirun with 3 and 4 ranks.
 MPI_BUILD ?= build-mpi
 test-mpi: deps
 	@cmake -S . -B $(MPI_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_MPI=ON >/dev/null
-	@cmake --build $(MPI_BUILD) -j $(JOBS) --target test_mpi_transport
-	ctest --test-dir $(MPI_BUILD) --output-on-failure --timeout 300 -L mpi --output-junit $(JUNIT)
+	@cmake --build $(MPI_BUILD) -j $(JOBS) --target $(call label-targets,mpi)
+	ctest --test-dir $(MPI_BUILD) --output-on-failure --timeout 300 -L "$(call label-regex,mpi)" --output-junit $(JUNIT)
 
 # The CUDA build (NCCL transport, codec kernels, staging) compiles wherever the CUDA toolkit is
 # installed, so it never rots; its tests need a GPU (scripts/gpu-check.sh) and run only where one is.

@@ -3,21 +3,25 @@
 
 For each scenario (a hetra config and its devices' slowdowns) and in every round, runs one after the other,
 in an order that rotates from round to round:
-  - hetra solo runs: the scenario's config with one device of slowdown s (each distinct s), same model,
-    data, optimizer and global batch, the whole global batch as one micro-batch (no memory cap): solo_s;
-  - hetra on the scenario's devices (its metrics' final samples_per_s);
-  - right after it, each of its devices alone again, now at the micro-batch that device had in that run
-    (devices[].max_micro_batch = the median over its measured steps): solo_i as benchmarks.md defines it,
-    "one rank, same model, same micro-batch". Both ideals are reported: the one above (every device at
-    the whole global batch, the stricter) and this one;
-  - bench/torch_ddp_train.py on the same devices (equal split, DDP, Gloo), with the slowdown applied before
-    each bucket's allreduce, and, for scenarios with slowed devices, also with the sleep after backward;
+  - hetra solo runs: the scenario's config with one device of slowdown s (each distinct s), same model, data
+    and optimizer, one micro-batch (no memory cap), at the whole global batch B and at smaller global batches
+    b (--curve, fractions of B): the device's time curve t_s(b) = b / its samples/s at b;
+  - hetra on the scenario's devices (its metrics' final samples_per_s, and the balancer's own prediction
+    ideal_samples_per_s of its step records);
+  - bench/torch_ddp_train.py on the same devices (DDP, Gloo), the slow devices' extra time slept before
+    their forward: with the equal split (DDP-equal), and for scenarios with unequal slowdowns also with a
+    static split proportional to the speeds 1/s_i and the losses rescaled by b_i*N/B (DDP-proportional);
   - a PyTorch solo run at slowdown 1, to compare the two stacks' per-sample speed.
+The two ideals of docs/benchmarks.md, computed within each round:
+  - whole-batch ideal = sum over devices of solo_i, device i alone with the whole global batch;
+  - balancer-optimal ideal = B / min over integer splits sum b_i = B of max_i t_i(b_i), with t_i linear
+    between the measured points (and from t_i(0) = 0 to the smallest one).
+efficiency = hetra samples/s / ideal; hetra/DDP-equal and hetra/DDP-proportional are speed ratios.
 Runs whose effective hetra configs are equal (--print-config) are measured once per round and shared.
 Every measuring process runs under `flock LOCK` (--lock), so it never overlaps another measurement that
-takes the same lock. ideal = sum of solo_i, efficiency = samples/s / ideal, both computed within each round;
-the table shows medians over rounds with (min-max). Prints Markdown for docs/benchmarks.md; raw metrics,
-logs, results.json and report.md go to bench/out/train-<stamp>/. See bench/README.md.
+takes the same lock. The tables show medians over rounds with (min-max). Prints Markdown for
+docs/benchmarks.md; raw metrics, logs, results.json and report.md go to bench/out/train-<stamp>/.
+See bench/README.md.
 """
 
 import argparse
@@ -55,9 +59,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=200, help="steps of each multi-device run")
     p.add_argument("--solo-steps", type=int, default=200,
                    help="steps of a solo run at slowdown 1; at slowdown s: max(60, this / s)")
+    p.add_argument("--curve", default="0.0625,0.125,0.25,0.5,0.75",
+                   help="global batches of the solo time curves besides B, as fractions of B (comma separated)")
     p.add_argument("--no-torch-solo", dest="torch_solo", action="store_false")
-    p.add_argument("--no-after-backward", dest="after_backward", action="store_false",
-                   help="skip the DDP variant that sleeps after backward")
     p.add_argument("--hetra", default=os.path.join(ROOT, "build", "tools", "hetra", "hetra"))
     p.add_argument("--torch-python",
                    default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
@@ -68,6 +72,12 @@ def parse_args():
     p.add_argument("--out", default=None, help="directory for raw results (default bench/out/train-<time>)")
     a = p.parse_args()
     a.scenarios = [s for s in a.scenarios.split(",") if s]
+    try:
+        a.curve = sorted({float(f) for f in a.curve.split(",") if f.strip()})
+    except ValueError:
+        p.error("--curve: comma separated fractions of the global batch, e.g. 0.125,0.25,0.5")
+    if any(not 0 < f < 1 for f in a.curve):
+        p.error("--curve: every fraction must lie strictly between 0 and 1 (B itself is always measured)")
     return a
 
 
@@ -112,19 +122,20 @@ def warmup_of(steps, profile_steps):
     return min(max(10, profile_steps + 5), steps // 3)
 
 
-def hetra_sets(steps, solo_slowdown=None):
+def hetra_sets(steps, solo_slowdown=None, global_batch=None):
     # Throughput runs: no evaluation, no console lines, a constant learning rate (the peer's).
     sets = [f"train.steps={steps}", "train.eval_every=0", "train.log_every=0", 'train.lr_schedule="constant"',
             "train.warmup_steps=0"]
     if solo_slowdown is not None:
         sets.append(f'devices=[{{name="solo", slowdown={solo_slowdown:g}}}]')
+    if global_batch is not None:
+        sets.append(f"train.global_batch={global_batch}")
     return sets
 
 
-def micro_solo_sets(steps, slowdown, micro_batch):
-    # One device of this slowdown whose micro-batch is capped at what it had in the cluster run; the
-    # global batch stays the scenario's, so it accumulates over several micro-batches as needed.
-    return hetra_sets(steps) + [f'devices=[{{name="solo", slowdown={slowdown:g}, max_micro_batch={micro_batch}}}]']
+def curve_batches(a, global_batch):
+    """The global batches of a solo time curve: the --curve fractions of B (at least 1 sample), then B."""
+    return sorted({max(1, round(f * global_batch)) for f in a.curve} | {global_batch})
 
 
 def hetra_cmd(a, config, sets, metrics=None):
@@ -148,22 +159,23 @@ def plan_runs(a, scenarios):
     for sc in scenarios:
         for s in sorted(set(sc["slowdowns"])):
             steps = a.solo_steps if s == 1 else max(60, int(a.solo_steps / s))
-            sets = hetra_sets(steps, s)
-            text = effective_config(a, sc["config"], sets)
-            key = next((k for k, r in runs.items() if r.get("text") == text), None)
-            if key is None:
-                key = f"solo-{s:g}" if f"solo-{s:g}" not in runs else f"solo-{s:g}-{sc['name']}"
-                runs[key] = {"kind": "hetra", "config": sc["config"], "sets": sets, "text": text,
-                             "warmup": warmup_of(steps, sc["profile_steps"])}
-            solo_key[(sc["name"], s)] = key
+            for b in curve_batches(a, sc["global_batch"]):
+                whole = b == sc["global_batch"]
+                sets = hetra_sets(steps, s, None if whole else b)
+                text = effective_config(a, sc["config"], sets)
+                key = next((k for k, r in runs.items() if r.get("text") == text), None)
+                if key is None:
+                    key = f"solo-{s:g}" + ("" if whole else f"-b{b}")
+                    key = key if key not in runs else f"{key}-{sc['name']}"
+                    runs[key] = {"kind": "hetra", "config": sc["config"], "sets": sets, "text": text,
+                                 "batch": b, "warmup": warmup_of(steps, sc["profile_steps"])}
+                solo_key[(sc["name"], s, b)] = key
         runs[f"hetra-{sc['name']}"] = {"kind": "hetra", "config": sc["config"], "sets": hetra_sets(a.steps),
-                                       "warmup": warmup_of(a.steps, sc["profile_steps"]),
-                                       "scenario_name": sc["name"], "slowdowns": sc["slowdowns"],
-                                       "profile_steps": sc["profile_steps"]}
-        modes = ["bucket"] + (["after-backward"] if a.after_backward and max(sc["slowdowns"]) > 1 else [])
-        for mode in modes:
-            runs[f"ddp-{sc['name']}" + ("" if mode == "bucket" else "-ab")] = {
-                "kind": "torch", "scenario": sc, "emulate": mode, "steps": a.steps,
+                                       "warmup": warmup_of(a.steps, sc["profile_steps"])}
+        splits = ["equal"] + (["proportional"] if len(set(sc["slowdowns"])) > 1 else [])
+        for split in splits:
+            runs[f"ddp-{sc['name']}" + ("" if split == "equal" else "-prop")] = {
+                "kind": "torch", "scenario": sc, "split": split, "steps": a.steps,
                 "warmup": warmup_of(a.steps, sc["profile_steps"])}
     if a.torch_solo and scenarios:
         sc = scenarios[0]
@@ -171,26 +183,7 @@ def plan_runs(a, scenarios):
                                 "warmup": warmup_of(a.solo_steps, sc["profile_steps"])}
     for r in runs.values():
         r.pop("text", None)
-    return runs, {f"{k[0]}:{k[1]:g}": v for k, v in solo_key.items()}
-
-
-def run_micro_solos(a, cluster, results, rnd, out):
-    """Each device of the cluster run `cluster` alone at the micro-batch it had there; returns failures."""
-    failures, name = 0, cluster["scenario_name"]
-    ranks = results[f"hetra-{name}"][rnd]["ranks"]
-    for i, (s, rank) in enumerate(zip(cluster["slowdowns"], ranks)):
-        key, steps = f"msolo-{name}-{i}", a.solo_steps if s == 1 else max(60, int(a.solo_steps / s))
-        stem = os.path.join(out, f"r{rnd}-{key}")
-        micro = rank["micro_batch_median"]
-        res = measure(a, hetra_cmd(a, cluster["config"], micro_solo_sets(steps, s, micro), stem + ".jsonl"),
-                      stem, lambda: hetra_result(stem + ".jsonl", warmup_of(steps, cluster["profile_steps"])),
-                      f"round {rnd + 1}/{a.rounds} {key} (slowdown {s:g}, micro-batch {micro})")
-        results.setdefault(key, [None] * a.rounds)[rnd] = res
-        if res is None:
-            failures += 1
-        else:
-            res["micro_batch"] = micro
-    return failures
+    return runs, {f"{k[0]}:{k[1]:g}:{k[2]}": v for k, v in solo_key.items()}
 
 
 def measure(a, cmd, stem, parse, label):
@@ -217,7 +210,8 @@ def torch_cmd(a, r, json_path):
         cmd.append("--no-nesterov")
     if "solo" in r:
         return cmd + ["--solo", "--slowdowns", f"{r['solo']:g}"]
-    return cmd + ["--slowdowns", ",".join(f"{s:g}" for s in sc["slowdowns"]), "--emulate", r["emulate"]]
+    return cmd + ["--slowdowns", ",".join(f"{s:g}" for s in sc["slowdowns"]), "--emulate", "before-forward",
+                  "--split", r["split"]]
 
 
 def median(xs):
@@ -226,7 +220,8 @@ def median(xs):
 
 
 def hetra_result(path, warmup):
-    """The final samples_per_s, and the medians over the measured steps of step time and per-rank stats."""
+    """The final samples_per_s, the balancer's own prediction (median over the measured steps that have one)
+    and the medians over the measured steps of step time and per-rank stats."""
     records = [json.loads(line) for line in open(path) if line.strip()]
     final = next(r for r in records if r["event"] == "final")
     steps = [r for r in records if r["event"] == "step" and r["step"] > warmup]
@@ -234,10 +229,10 @@ def hetra_result(path, warmup):
     for i, rank in enumerate(steps[-1]["ranks"]):
         ranks.append({"device": rank["device"], "batch": rank["batch"], "micro_batch": rank["micro_batch"],
                       "accum": rank["accum"],
-                      "micro_batch_median": round(median(s["ranks"][i]["micro_batch"] for s in steps)),
                       "compute_s": median(s["ranks"][i]["compute_s"] for s in steps),
                       "comm_s": median(s["ranks"][i]["comm_s"] for s in steps)})
     return {"samples_per_s": final["samples_per_s"], "step_time_s": median(s["step_time_s"] for s in steps),
+            "ideal_samples_per_s": median(s.get("ideal_samples_per_s") for s in steps),
             "plan_versions": len({s.get("plan_version") for s in steps}), "ranks": ranks}
 
 
@@ -245,7 +240,7 @@ def torch_result(path):
     r = json.load(open(path))
     steps = r["step_records"][r["warmup"]:]
     return {"samples_per_s": r["samples_per_s"], "step_time_s": median(s["step_time_s"] for s in steps),
-            "ranks": r["ranks"]}
+            "batches": r["batches"], "ranks": r["ranks"]}
 
 
 def machine_facts(torch_python):
@@ -311,9 +306,6 @@ def main():
             results[key][rnd] = measure(a, cmd, stem, parse, f"round {rnd + 1}/{a.rounds} {key}")
             if results[key][rnd] is None:
                 failures += 1
-                continue
-            if "scenario_name" in r:
-                failures += run_micro_solos(a, r, results, rnd, out)
     facts["elapsed_s"] = round(time.monotonic() - started)
     saved = {"command": "bench/compare_training.sh " + shlex.join(sys.argv[1:]), "facts": facts,
              "rounds": a.rounds, "steps": a.steps, "solo_steps": a.solo_steps, "lock": a.lock,
@@ -348,92 +340,127 @@ def cell(vals, digits, spread, suffix=""):
     return text
 
 
+def balancer_optimal(curves, global_batch):
+    """(B / the least max_i t_i(b_i) over integer splits sum b_i = B, the split). curves: per device the
+    measured (b, seconds) points; t_i is linear between them and from t_i(0) = 0 to the first, made
+    nondecreasing (more samples never take less time). The least max is the B-th smallest of the
+    values t_i(b), b >= 1, over all devices (hand out samples one at a time to the device that ends its
+    next one soonest); a rank may get none."""
+    times = []
+    for points in curves:
+        pts = [(0, 0.0)] + sorted(points)
+        row, worst = [0.0], 0.0
+        for b in range(1, global_batch + 1):
+            j = next(k for k in range(1, len(pts)) if pts[k][0] >= b or k == len(pts) - 1)
+            (b0, t0), (b1, t1) = pts[j - 1], pts[j]
+            worst = max(worst, t0 + (t1 - t0) * (b - b0) / (b1 - b0))
+            row.append(worst)
+        times.append(row)
+    step = sorted(t for row in times for t in row[1:])[global_batch - 1]
+    split = [max(b for b in range(global_batch + 1) if row[b] <= step) for row in times]
+    while sum(split) > global_batch:  # ties at the level: take back from the highest rank first
+        r = max(i for i in range(len(split)) if split[i] > 0 and times[i][split[i]] == step)
+        split[r] -= 1
+    return global_batch / step, split
+
+
 def render(saved, spread):
     res, facts = saved["results"], saved["facts"]
 
     def sps(key, rnd):
         return res[key][rnd]["samples_per_s"]
 
+    def solo(sc, s, b=None):
+        return saved["solo_key"][f"{sc['name']}:{s:g}:{b or sc['global_batch']}"]
+
+    def whole_ideal(sc, rnd):
+        return sum(sps(solo(sc, s), rnd) for s in sc["slowdowns"])
+
+    def curve_of(sc, s, rnd):
+        keys = {k for kk, k in saved["solo_key"].items() if kk.startswith(f"{sc['name']}:{s:g}:")}
+        return [(saved["runs"][k]["batch"], saved["runs"][k]["batch"] / sps(k, rnd)) for k in keys]
+
+    def optimal(sc, rnd):
+        return balancer_optimal([curve_of(sc, s, rnd) for s in sc["slowdowns"]], sc["global_batch"])
+
     lines = [f"Command: `{saved['command']}`  ", f"Date: {facts['date']}; machine: nproc {facts['nproc']} "
              f"({facts['affinity']} usable), {facts['cpu']}; hetra {facts['hetra_commit']}; PyTorch "
              f"{facts['torch']} (Gloo); {saved['rounds']} rounds, {saved['steps']} steps per multi-device run, "
              f"{facts.get('elapsed_s', '?')} s in all.", "",
-             "samples/s: medians over rounds (min-max); ratios computed within each round, then the median. "
-             "ideal = sum of the devices' hetra solo speeds; DDP = PyTorch DistributedDataParallel, equal split, "
-             "slowdown applied before each bucket's allreduce; DDP-ab = the sleep after backward instead.", "",
-             "| scenario | slowdowns | solo_i (hetra) | ideal | hetra | efficiency | DDP | DDP efficiency | "
-             "hetra/DDP | DDP-ab | hetra/DDP-ab |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "samples/s: medians over rounds (min-max); ideals, efficiencies and ratios computed within each "
+             "round, then the median. Whole-batch ideal = sum of solo_i, each device alone (hetra) with the "
+             "whole global batch. Balancer-optimal ideal = B / min over splits of max_i t_i(b_i), from each "
+             "device's solo time curve (below), no communication. Balancer's prediction = hetra's "
+             "ideal_samples_per_s (its fitted curves). DDP = PyTorch DistributedDataParallel over Gloo, the slow "
+             "devices' extra time slept before their forward; -equal: equal split; -proportional: static split "
+             "proportional to the speeds 1/s_i, losses rescaled by b_i*N/B.", "",
+             "| scenario | slowdowns | whole-batch ideal | balancer-optimal ideal (split) | balancer's prediction "
+             "| hetra | efficiency vs whole-batch | efficiency vs balancer-optimal |", "|---|---|---|---|---|---|---|---|"]
     for sc in saved["scenarios"]:
-        name, sl = sc["name"], sc["slowdowns"]
-        solo_keys = [saved["solo_key"][f"{name}:{s:g}"] for s in sl]
-
-        def ideal(rnd):
-            return sum(sps(k, rnd) for k in solo_keys)
-
-        hk, dk, ak = f"hetra-{name}", f"ddp-{name}", f"ddp-{name}-ab"
-        solos = " / ".join(f"{s:g}: " + cell(per_round(saved, lambda r, k=k: sps(k, r)), 0, False)
-                           for s, k in sorted({s: k for s, k in zip(sl, solo_keys)}.items()))
-        has_ab = ak in res
-        row = [name, ",".join(f"{s:g}" for s in sl), solos,
-               cell(per_round(saved, ideal), 0, spread),
-               cell(per_round(saved, lambda r: sps(hk, r)), 0, spread),
-               cell(per_round(saved, lambda r: sps(hk, r) / ideal(r)), 3, spread),
-               cell(per_round(saved, lambda r: sps(dk, r)), 0, spread),
-               cell(per_round(saved, lambda r: sps(dk, r) / ideal(r)), 3, spread),
-               cell(per_round(saved, lambda r: sps(hk, r) / sps(dk, r)), 2, spread, "x"),
-               cell(per_round(saved, lambda r: sps(ak, r)), 0, spread) if has_ab else "= DDP",
-               cell(per_round(saved, lambda r: sps(hk, r) / sps(ak, r)), 2, spread, "x") if has_ab else "-"]
-        lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Against solo_i as benchmarks.md defines it (one rank, same model, *same micro-batch*): each device "
-              "alone at the micro-batch it had in the cluster run of the same round, accumulating to the same "
-              "global batch:", "",
-              "| scenario | micro-batch per device | solo_i at that micro-batch | ideal | hetra | efficiency |",
-              "|---|---|---|---|---|---|"]
-    for sc in saved["scenarios"]:
-        name, n = sc["name"], len(sc["slowdowns"])
-        keys = [f"msolo-{name}-{i}" for i in range(n)]
-        if not all(k in res for k in keys):
-            continue
-
-        def micro_ideal(rnd, keys=keys):
-            return sum(sps(k, rnd) for k in keys)
-
-        micros = " / ".join(
-            "-".join(sorted({str(x["micro_batch"]) for x in res[k] if x}, key=int)) for k in keys)
-        solos = " / ".join(cell(per_round(saved, lambda r, k=k: sps(k, r)), 0, False) for k in keys)
+        name, sl, hk = sc["name"], sc["slowdowns"], f"hetra-{sc['name']}"
+        splits = {tuple(v[1]) for v in per_round(saved, lambda r: optimal(sc, r))}
         lines.append("| " + " | ".join([
-            name, micros, solos, cell(per_round(saved, micro_ideal), 0, spread),
-            cell(per_round(saved, lambda r: sps(f"hetra-{name}", r)), 0, spread),
-            cell(per_round(saved, lambda r: sps(f"hetra-{name}", r) / micro_ideal(r)), 3, spread)]) + " |")
-    lines.append("")
+            name, ",".join(f"{s:g}" for s in sl),
+            cell(per_round(saved, lambda r: whole_ideal(sc, r)), 0, spread),
+            cell(per_round(saved, lambda r: optimal(sc, r)[0]), 0, spread) + " (" +
+            ", ".join("/".join(map(str, x)) for x in sorted(splits)) + ")",
+            cell(per_round(saved, lambda r: res[hk][r]["ideal_samples_per_s"]), 0, spread),
+            cell(per_round(saved, lambda r: sps(hk, r)), 0, spread),
+            cell(per_round(saved, lambda r: sps(hk, r) / whole_ideal(sc, r)), 3, spread),
+            cell(per_round(saved, lambda r: sps(hk, r) / optimal(sc, r)[0]), 3, spread)]) + " |")
+    lines += ["", "| scenario | hetra | DDP-equal | hetra/DDP-equal | DDP-proportional (split) | "
+              "hetra/DDP-proportional |", "|---|---|---|---|---|---|"]
+    for sc in saved["scenarios"]:
+        name = sc["name"]
+        hk, dk, pk = f"hetra-{name}", f"ddp-{name}", f"ddp-{name}-prop"
+        has_prop = pk in res
+        psplit = {"/".join(map(str, x["batches"])) for x in res.get(pk, []) if x}
+        lines.append("| " + " | ".join([
+            name, cell(per_round(saved, lambda r: sps(hk, r)), 0, spread),
+            cell(per_round(saved, lambda r: sps(dk, r)), 0, spread),
+            cell(per_round(saved, lambda r: sps(hk, r) / sps(dk, r)), 2, spread, "x"),
+            cell(per_round(saved, lambda r: sps(pk, r)), 0, spread) + f" ({', '.join(sorted(psplit))})"
+            if has_prop else "= DDP-equal (equal speeds)",
+            cell(per_round(saved, lambda r: sps(hk, r) / sps(pk, r)), 2, spread, "x") if has_prop else "-"]) + " |")
+    lines += ["", "Solo time curves t_s(b): hetra alone at slowdown s with global batch b as one micro-batch, "
+              "ms per step (b / samples/s), medians over rounds:", ""]
+    for sc in saved["scenarios"]:
+        batches = sorted({saved["runs"][k]["batch"] for kk, k in saved["solo_key"].items()
+                          if kk.startswith(sc["name"] + ":")})
+        lines += [f"{sc['name']}:", "", "| slowdown | " + " | ".join(f"b={b}" for b in batches) + " |",
+                  "|---" * (len(batches) + 1) + "|"]
+        for s in sorted(set(sc["slowdowns"])):
+            lines.append(f"| {s:g} | " + " | ".join(
+                cell(per_round(saved, lambda r, b=b: b / sps(solo(sc, s, b), r) * 1e3), 2, False)
+                for b in batches) + " |")
+        lines.append("")
     bounds = []
     for sc in saved["scenarios"]:
         sl = sc["slowdowns"]
         bounds.append(f"{sc['name']} {sum(1 / s for s in sl) / (len(sl) / max(sl)):.2f}x")
-    lines.append("Upper bound of hetra/DDP if hetra reached ideal and DDP its own bound (N x the slowest solo, "
-                 "same per-sample speed): sum(1/s_i) / (N / max s_i) = " + ", ".join(bounds) + ".")
-    if "torch-solo-1" in res and saved["solo_key"]:
-        k1 = next((v for kk, v in saved["solo_key"].items() if kk.endswith(":1")), None)
-        if k1:
-            lines.append("Per-sample speed of the stacks, solo at slowdown 1: hetra " +
-                         cell(per_round(saved, lambda r: sps(k1, r)), 0, spread) + ", PyTorch " +
-                         cell(per_round(saved, lambda r: sps("torch-solo-1", r)), 0, spread) + " samples/s; "
-                         "hetra/PyTorch " + cell(per_round(saved, lambda r: sps(k1, r) / sps("torch-solo-1", r)),
-                                                 2, spread, "x") + ".")
+    lines.append("Upper bound of hetra/DDP-equal if hetra reached the whole-batch ideal and DDP its own bound (N x "
+                 "the slowest solo, same per-sample speed): sum(1/s_i) / (N / max s_i) = " + ", ".join(bounds) + ".")
+    k1 = next((v for kk, v in saved["solo_key"].items() if kk.split(":")[1] == "1" and
+               int(kk.split(":")[2]) == next(sc["global_batch"] for sc in saved["scenarios"]
+                                              if sc["name"] == kk.split(":")[0])), None)
+    if "torch-solo-1" in res and k1:
+        lines.append("Per-sample speed of the stacks, solo at slowdown 1: hetra " +
+                     cell(per_round(saved, lambda r: sps(k1, r)), 0, spread) + ", PyTorch " +
+                     cell(per_round(saved, lambda r: sps("torch-solo-1", r)), 0, spread) + " samples/s; "
+                     "hetra/PyTorch " + cell(per_round(saved, lambda r: sps(k1, r) / sps("torch-solo-1", r)),
+                                             2, spread, "x") + ".")
     lines += ["", "Where the time goes (medians over rounds of each run's median over the measured steps; "
-              "ms per step):", ""]
+              "ms per step; DDP = DDP-equal):", ""]
     for sc in saved["scenarios"]:
         name = sc["name"]
-        keys = [saved["solo_key"][f"{name}:{s:g}"] for s in sc["slowdowns"]]
-        ideal_vals = per_round(saved, lambda r: sum(sps(k, r) for k in keys))
+        ideal_vals = per_round(saved, lambda r: optimal(sc, r)[0])
         ideal_step = sc["global_batch"] / statistics.median(ideal_vals) * 1e3 if ideal_vals else None
         runs = [x for x in res[f"hetra-{name}"] if x]
         druns = [x for x in res[f"ddp-{name}"] if x]
         step = median(x["step_time_s"] for x in runs)
         dstep = median(x["step_time_s"] for x in druns)
-        lines.append(f"{name}: hetra step {step * 1e3:.2f} ms, DDP step {dstep * 1e3:.2f} ms, ideal step "
-                     f"{ideal_step:.2f} ms ({sc['global_batch']} samples at the ideal rate)"
-                     if step and dstep and ideal_step else f"{name}: no complete run")
+        lines.append(f"{name}: hetra step {step * 1e3:.2f} ms, DDP step {dstep * 1e3:.2f} ms, balancer-optimal "
+                     f"step {ideal_step:.2f} ms" if step and dstep and ideal_step else f"{name}: no complete run")
         lines += ["", "| rank | slowdown | hetra batch | micro x accum | compute | comm | rest | DDP batch | "
                   "DDP compute (cpu) | DDP wait+comm | DDP sleep |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for i, s in enumerate(sc["slowdowns"]):
@@ -456,7 +483,7 @@ def render(saved, spread):
                  "them; rest = step time - compute - comm (optimizer step, per-step stats allgather, sampling: "
                  "real work, not slowed by the emulation). DDP compute (cpu) = main-thread CPU time of the "
                  "phase; wait+comm = the rest of its wall time, sleeps excluded (waiting for the other ranks, "
-                 "for a CPU, and for the allreduce).")
+                 "for a CPU, and for the allreduce); DDP sleep = the emulation's sleep before the forward.")
     if saved.get("failures"):
         lines.append(f"\n**{saved['failures']} run(s) failed**: see the logs next to results.json.")
     return "\n".join(lines) + "\n"

@@ -3,22 +3,27 @@
 
 The same job as `hetra run examples/fashion_mnist_hetero.toml`, the way a PyTorch user runs it: Fashion-MNIST,
 an MLP 784-512-512-10 (ReLU), SGD with Nesterov momentum, one rank per device, DistributedDataParallel with its
-default buckets over Gloo on 127.0.0.1. DDP averages the ranks' gradients, so every rank must hold the same
-number of samples for the result to be the gradient of the global batch: the global batch is split equally
-(512 over 3 ranks -> 171, 171, 170), whatever the devices' speeds.
+default buckets over Gloo on 127.0.0.1. Two splits of the global batch (--split):
+  equal         what DDP users get: 512 over 3 ranks -> 171, 171, 170, whatever the devices' speeds. DDP
+                averages the ranks' gradients, which is the gradient of the global batch only when every
+                rank holds the same number of samples.
+  proportional  what a careful user hand-rolls: a static split proportional to the known speeds 1/s_i (largest
+                remainders, at least one sample each), and each rank's loss multiplied by b_i*N/B, so that
+                DDP's average of the ranks' gradients is again the gradient of the global batch.
 
 Emulation, the rule hetra applies (src/device/slowdown.h, docs/benchmarks.md): a device of slowdown s runs its
-real compute phase (gather its samples, forward, backward, loss.item()), takes that phase's CPU time t (capped
-by the phase's wall time) and sleeps so that the phase lasts s*t (sleeps s*t - wall when positive). hetra
-launches its gradient allreduce at the end of backward and waits for it after the sleep. DDP instead
-all-reduces bucket by bucket inside backward() and returns only when all are done, so sleeping after
-backward (--emulate after-backward) would count DDP's wait for the other ranks as phase time and hide the
-communication in the sleep. By default (--emulate bucket) a comm hook applies the same rule just before each
-bucket's allreduce is launched (DDP's own allreduce_hook, so DDP behaves as without a hook), and the rest of
-the phase after the last launch is stretched by its CPU time: the slowed rank delivers each bucket when a
-device s times slower would, and DDP keeps its overlap of communication with backward. t is the CPU time of
-the main thread, which runs the whole computation with one intra-op thread and excludes Gloo's threads
-(--cpu-clock process counts them too, i.e. charges communication as compute). Ranks use one intra-op thread
+real compute phase (gather its samples, forward, backward, loss.item()) of CPU time t (capped by the phase's
+wall time) and spends (s-1)*t more asleep. hetra sleeps after the phase and before it waits for its gradient
+allreduce. DDP all-reduces bucket by bucket inside backward() and returns only when all are done, so the
+fair place for the sleep is before the forward (--emulate before-forward, the default): the rank sleeps
+(s-1)*t of its previous phase, then runs forward and backward at full speed, so its gradients become ready
+when those of a device s times slower would, and its communication is as exposed as hetra's, no more.
+Two other placements, for reference only: --emulate bucket applies the rule before each bucket's allreduce
+(a comm hook calling DDP's own allreduce_hook), which also delays the buckets launched early, so it is
+harsher than the rule; --emulate after-backward sleeps after backward(), whose wall time then includes DDP's
+wait for the other ranks, hiding the communication in the sleep. t is the CPU time of the main thread, which
+runs the whole computation with one intra-op thread and excludes Gloo's threads (--cpu-clock process counts
+them too, i.e. charges communication as compute). Ranks use one intra-op thread
 (OpenBLAS/OpenMP limited to one before torch is imported) and are pinned to CPUs as hetra pins emulated
 devices: first-fit decreasing by duty cycle 1/s onto the allowed CPUs (1,2,4 on two CPUs: the s=1 rank alone
 on the first, the s=2 and s=4 ranks on the second).
@@ -31,6 +36,7 @@ first allowed CPU: the solo speed of a device with the given slowdown.
 
 Needs the Debian python3-torch, so run it with /usr/bin/python3:
   /usr/bin/python3 bench/torch_ddp_train.py --slowdowns 1,2,4 --steps 200 --json /tmp/ddp.json
+  /usr/bin/python3 bench/torch_ddp_train.py --slowdowns 1,2,4 --split proportional --steps 200
   /usr/bin/python3 bench/torch_ddp_train.py --solo --slowdowns 2 --steps 100
 """
 
@@ -63,8 +69,11 @@ def parse_args(argv):
     p.add_argument("--data", default=DATA, help="folder of the Fashion-MNIST IDX .gz files")
     p.add_argument("--cpu-clock", choices=["thread", "process"], default="thread",
                    help="CPU time t of the emulation: main thread (default) or whole process / threads")
-    p.add_argument("--emulate", choices=["bucket", "after-backward"], default="bucket",
-                   help="DDP: slow down before each bucket's allreduce (default) or only after backward")
+    p.add_argument("--emulate", choices=["before-forward", "bucket", "after-backward"], default="before-forward",
+                   help="DDP: sleep before the forward (default, the fair peer), before each bucket's allreduce "
+                        "or after backward")
+    p.add_argument("--split", choices=["equal", "proportional"], default="equal",
+                   help="equal shares, or shares proportional to the speeds 1/s with the loss rescaled by b_i*N/B")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin ranks to CPUs")
     p.add_argument("--json", default=None, help="write the result (steps, per-rank stats) to this path")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
@@ -89,6 +98,22 @@ def parse_args(argv):
 def equal_split(batch, n):
     """DDP's way: sizes differ by at most one, the larger ones first (512/3 -> 171, 171, 170)."""
     return [batch // n + (1 if r < batch % n else 0) for r in range(n)]
+
+
+def proportional_split(batch, slowdowns):
+    """Shares proportional to the speeds 1/s_i: the floors, then the remainder one each to the largest
+    fractional parts (lower rank first on ties); every rank keeps at least one sample."""
+    speeds = [1.0 / s for s in slowdowns]
+    exact = [batch * v / sum(speeds) for v in speeds]
+    shares = [max(1, int(x)) for x in exact]
+    order = sorted(range(len(shares)), key=lambda r: (-(exact[r] - int(exact[r])), r))
+    i = 0
+    while sum(shares) < batch:
+        shares[order[i % len(order)]] += 1
+        i += 1
+    while sum(shares) > batch:  # only when the floor of 1 pushed it over: take from the largest share
+        shares[max(range(len(shares)), key=lambda r: shares[r])] -= 1
+    return shares
 
 
 def pack_by_duty(slowdowns, cpus):
@@ -124,18 +149,17 @@ def load_fashion_mnist(torch, folder):
 
 
 class Emulator:
-    """hetra's slowdown rule for one compute phase: with t the phase's CPU time so far (capped by its wall
-    time), sleep until the phase has lasted s*t, less what earlier sleeps overran (hetra's
-    src/device/slowdown.h). catch_up() applies it mid-phase, before DDP launches a
-    bucket's allreduce, so the slowed device's gradients become ready when a device s times slower would
-    have them (and DDP's overlap of communication with backward is kept); end() applies it to the rest of
-    the phase, whose wall time includes DDP's wait for the allreduce, so only its CPU time is stretched."""
+    """hetra's slowdown rule for one compute phase: with t the phase's CPU time (capped by its wall time),
+    sleep (s-1)*t, less what earlier sleeps overran (hetra's src/device/slowdown.h). With before_forward,
+    begin() sleeps (s-1)*t of the previous phase and end() sleeps nothing. Otherwise catch_up() applies the
+    rule mid-phase, before DDP launches a bucket's allreduce; end() applies it to the rest of the phase,
+    whose wall time includes DDP's wait for the allreduce, so only its CPU time is stretched."""
 
     MAX_DEBT_S = 0.005  # as hetra's device::SlowdownEmulator: late sleeps are paid back, up to this
 
-    def __init__(self, slowdown, cpu_clock):
-        self.s, self.clock = slowdown, cpu_clock
-        self.debt = 0.0
+    def __init__(self, slowdown, cpu_clock, before_forward=False):
+        self.s, self.clock, self.before_forward = slowdown, cpu_clock, before_forward
+        self.debt, self.last_t = 0.0, 0.0
         if slowdown > 1:  # as hetra: 1 ns timer slack on the thread that sleeps (PR_SET_TIMERSLACK)
             import ctypes
             ctypes.CDLL(None).prctl(29, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
@@ -144,6 +168,8 @@ class Emulator:
     def begin(self):
         self.start, self.cpu_start = time.perf_counter(), self.clock()
         self.mark, self.slept, self.wall, self.cpu = None, 0.0, 0.0, 0.0
+        if self.before_forward:  # the first phase has no previous one: no sleep (a warm-up step)
+            self._sleep((self.s - 1) * self.last_t)
 
     def _sleep(self, seconds):
         if self.s <= 1 or seconds <= 0:
@@ -167,6 +193,9 @@ class Emulator:
         now = self.clock()
         self.wall = time.perf_counter() - self.start - self.slept
         self.cpu = now - self.cpu_start
+        self.last_t = min(self.wall, self.cpu)
+        if self.before_forward:
+            return
         if self.mark is None:  # no catch_up: the plain rule, as hetra applies it
             self._sleep(self.s * min(self.wall, self.cpu) - self.wall)
         else:
@@ -199,11 +228,20 @@ def worker(a):
         model = nn.parallel.DistributedDataParallel(model)  # default bucket_cap_mb (25) and first bucket
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, nesterov=a.nesterov)
 
-    batches = [a.global_batch] if a.solo else equal_split(a.global_batch, world)
+    if a.solo:
+        batches = [a.global_batch]
+    elif a.split == "proportional":
+        batches = proportional_split(a.global_batch, a.slowdowns)
+    else:
+        batches = equal_split(a.global_batch, world)
     begin = sum(batches[:rank])
     mine = batches[rank]
+    # DDP divides the sum of the ranks' gradients by N; b_i*N/B makes it the global batch's mean gradient.
+    # The equal split runs as plain DDP, unscaled.
+    loss_scale = mine * world / a.global_batch if a.split == "proportional" and not a.solo else 1.0
     per_epoch = x_all.shape[0] // a.global_batch
-    emu = Emulator(slowdown, time.thread_time if a.cpu_clock == "thread" else time.process_time)
+    emu = Emulator(slowdown, time.thread_time if a.cpu_clock == "thread" else time.process_time,
+                   before_forward=not a.solo and a.emulate == "before-forward")
     if not a.solo and a.emulate == "bucket":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -230,7 +268,7 @@ def worker(a):
         x = x_all.index_select(0, index)
         y = y_all.index_select(0, index)
         loss = F.cross_entropy(model(x), y)
-        loss.backward()  # DDP: buckets are all-reduced (after emu.catch_up) and waited for in here
+        (loss * loss_scale if loss_scale != 1 else loss).backward()  # DDP all-reduces the buckets in here
         loss_value = loss.item()
         emu.end()
 
@@ -266,13 +304,13 @@ def worker(a):
         print(f"rank {r['rank']} slowdown {r['slowdown']:g} batch {r['batch']} cpus {r['cpus']}: compute "
               f"{r['wall_s'] * 1e3:.2f} ms wall ({r['cpu_s'] * 1e3:.2f} ms cpu) + sleep {r['sleep_s'] * 1e3:.2f} ms, "
               f"step {r['step_time_s'] * 1e3:.2f} ms")
-    mode = "solo" if a.solo else f"DDP x{world}"
+    mode = "solo" if a.solo else f"DDP x{world} {a.split} split ({','.join(map(str, batches))})"
     print(f"{mode} slowdowns {','.join(f'{s:g}' for s in a.slowdowns)} global batch {a.global_batch}: "
           f"samples/s {samples_per_s:.0f} (mean over steps {a.warmup + 1}-{a.steps})", flush=True)
     if a.json:
         result = {"impl": "torch-solo" if a.solo else "torch-ddp", "torch": torch.__version__,
                   "slowdowns": a.slowdowns, "global_batch": a.global_batch, "batches": batches, "steps": a.steps,
-                  "warmup": a.warmup, "lr": a.lr, "cpu_clock": a.cpu_clock,
+                  "warmup": a.warmup, "lr": a.lr, "cpu_clock": a.cpu_clock, "split": "solo" if a.solo else a.split,
                   "emulate": "after-backward" if a.solo else a.emulate, "samples_per_s": samples_per_s,
                   "ranks": ranks, "step_records": steps}
         with open(a.json, "w") as f:

@@ -70,9 +70,8 @@ TEST(Bootstrap, RankZeroNeverPublishingTimesOutClearly) {
     EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
     EXPECT_NE(what.find("nccl-id"), std::string::npos) << what;
   }
-  const double seconds = secondsSince(start);
-  EXPECT_GE(seconds, 0.25);
-  EXPECT_LT(seconds, 5.0);
+  // It waited for its timeout (no upper bound: the TimeoutError shows the 300 ms ended it).
+  EXPECT_GE(secondsSince(start), 0.25);
 }
 
 TEST(Bootstrap, WrongSizedIdsAreRefused) {

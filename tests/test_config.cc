@@ -7,9 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "balance/memory_caps.h"
 #include "comm/hierarchy.h"
 #include "common/errors.h"
+#include "device/slowdown.h"
+#include "idx_testing.h"
 #include "train/config.h"
+#include "train/dataset_geometry.h"
+#include "train/idx.h"
 
 namespace hetra::train {
 namespace {
@@ -275,7 +280,7 @@ TEST(Config, BadConfigsNameKeyValueAndWhatIsAllowed) {
         "with -DHETRA_WITH_CUDA=ON)"}},
       {"[[devices]]\nkind = \"rocm\"\n",
        {},
-       {"devices[0].kind = \"rocm\"", "-DHETRA_WITH_ROCM=ON"}},
+       {"devices[0].kind = \"rocm\"", "ROCm devices are not supported yet"}},
       {"[[devices]]\nindex = 1\n", {}, {"devices[0].index = 1", "only cuda and rocm"}},
       {"[[devices]]\nname = \"a\"\n[[devices]]\nname = \"a\"\n",
        {},
@@ -289,9 +294,6 @@ TEST(Config, BadConfigsNameKeyValueAndWhatIsAllowed) {
       {"[model]\nname = \"transformer\"\nheads = 3\n[[devices]]\n",
        {},
        {"run.toml:3: model.heads = 3", "must divide model.dim = 64"}},
-      {"[model]\nname = \"transformer\"\nseq_len = 5\n[[devices]]\n",
-       {},
-       {"model.seq_len = 5", "784"}},
       {"[model]\nname = \"cnn\"\nchannels = []\n[[devices]]\n", {}, {"model.channels = []"}},
       // Syntax.
       {"[train]\nlr = = 1\n", {}, {"run.toml:2:", "not valid TOML"}},
@@ -459,6 +461,142 @@ TEST(Config, SlowdownAt) {
   EXPECT_EQ(slowdownAt(d, 19), 4.0);
   EXPECT_EQ(slowdownAt(d, 20), 1.0);
   EXPECT_EQ(slowdownAt(d, 1000), 1.0);
+}
+
+// The schedule lookup of the device layer, on its own: values before, at and between the changes.
+TEST(DeviceSlowdown, SlowdownAtFollowsTheSchedule) {
+  const std::vector<device::SlowdownChange> schedule = {{5, 3.5}, {6, 1.25}, {40, 8}};
+  EXPECT_EQ(device::slowdownAt(1.5, {}, 0), 1.5);
+  EXPECT_EQ(device::slowdownAt(1.5, {}, 1 << 30), 1.5);
+  EXPECT_EQ(device::slowdownAt(1.5, schedule, 4), 1.5);
+  EXPECT_EQ(device::slowdownAt(1.5, schedule, 5), 3.5);
+  EXPECT_EQ(device::slowdownAt(1.5, schedule, 6), 1.25);
+  EXPECT_EQ(device::slowdownAt(1.5, schedule, 39), 1.25);
+  EXPECT_EQ(device::slowdownAt(1.5, schedule, 40), 8.0);
+}
+
+// The memory-cap arithmetic of the balance layer, with the expected values worked out by hand.
+TEST(BalanceMemoryCaps, MaxMicroBatch) {
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(balance::maxMicroBatch(0, 1000, 10), kMax);    // no cap
+  EXPECT_EQ(balance::maxMicroBatch(1030, 1000, 10), 3);    // exactly three samples
+  EXPECT_EQ(balance::maxMicroBatch(1029, 1000, 10), 2);    // one byte short of three
+  EXPECT_EQ(balance::maxMicroBatch(1009, 1000, 10), 0);    // the fixed bytes fit, no sample
+  EXPECT_EQ(balance::maxMicroBatch(999, 1000, 10), 0);     // not even the fixed bytes
+  EXPECT_EQ(balance::maxMicroBatch(1000, 1000, 0), kMax);  // samples cost nothing
+  EXPECT_EQ(balance::maxMicroBatch(int64_t(48) << 20, int64_t(8) << 20, 1 << 20), 40);
+  EXPECT_EQ(balance::bytesForOneSample(1000, 10), 1010);
+  EXPECT_THROW(balance::maxMicroBatch(-1, 0, 1), EnforceError);
+  EXPECT_THROW(balance::maxMicroBatch(10, -1, 1), EnforceError);
+  EXPECT_THROW(balance::maxMicroBatch(10, 0, -1), EnforceError);
+  EXPECT_THROW(balance::bytesForOneSample(kMax, 1), EnforceError);
+}
+
+// A build with CUDA but no trainer on the GPU must refuse a cuda device, not train it on the CPU.
+TEST(Config, CudaBuildRefusesCudaDevicesUntilTrainingRunsThere) {
+  Capabilities cudaBuild = cpuOnly();
+  cudaBuild.cudaBuild = true;
+  const std::string text = "[[devices]]\n[[devices]]\nkind = \"cuda\"\n";
+  const std::string e = errorOf(text, {}, cudaBuild);
+  EXPECT_CONTAINS(e, "run.toml:3: devices[1].kind = \"cuda\"");
+  EXPECT_CONTAINS(e, "training on CUDA devices is not implemented yet");
+  EXPECT_EQ(e.find("-DHETRA_WITH_CUDA=ON"), std::string::npos) << e;
+  EXPECT_CONTAINS(errorOf(text, {"devices.1.kind=cpu", "devices.0.kind=cuda"}, cudaBuild),
+                  "--set devices.0.kind=cuda: devices[0].kind = \"cuda\": training on CUDA");
+  // Whatever this build is, it offers no GPU to train on, so a cuda or rocm device is refused.
+  const Capabilities here = Capabilities::ofThisBuild();
+  EXPECT_FALSE(here.cuda);
+  EXPECT_FALSE(here.rocm);
+  EXPECT_THROW(parseConfig(text, "run.toml", {}, here), ConfigError);
+  EXPECT_THROW(parseConfig("[[devices]]\nkind = \"rocm\"\n", "run.toml", {}, here), ConfigError);
+}
+
+// The IDX header alone gives the shape: a file of 5 images of 3 x 4 without its pixels.
+TEST(DatasetGeometry, IdxShapeFromTheHeaderOnly) {
+  hetra::testing::TempDir dir;
+  hetra::testing::writeIdx(dir.file("images"), {5, 3, 4}, {});
+  EXPECT_EQ(readIdxShape(dir.file("images")), (std::vector<int64_t>{5, 3, 4}));
+  EXPECT_THROW(readIdx(dir.file("images")), IoError);  // the pixels are missing
+  std::ofstream(dir.file("html"), std::ios::binary) << "<html>not found</html>";
+  EXPECT_THROW(readIdxShape(dir.file("html")), IoError);
+  EXPECT_THROW(readIdxShape(dir.file("absent")), IoError);
+}
+
+TEST(DatasetGeometry, FromTheFilesOfASmallDataset) {
+  hetra::testing::TempDir dir;
+  hetra::testing::writeFashionSplit(dir, "train", 5, 3, 4, {0, 1, 2, 3, 4});
+  hetra::testing::writeFashionSplit(dir, "t10k", 2, 3, 4, {5, 6});
+  DataConfig data;
+  data.path = dir.path();
+  const DatasetGeometry geometry = datasetGeometry(data);
+  EXPECT_EQ(geometry.sampleShape, (std::vector<int64_t>{1, 3, 4}));
+  EXPECT_EQ(geometry.classes, 10);
+  EXPECT_EQ(geometry.features(), 12);
+
+  // Validation checks the model against these 12 features, not against 28 x 28.
+  const std::string transformer =
+      "[model]\nname = \"transformer\"\n[data]\npath = \"" + dir.path() + "\"\n[[devices]]\n";
+  EXPECT_EQ(parse(transformer, {"model.seq_len=4"}).model.seqLen, 4);
+  EXPECT_CONTAINS(errorOf(transformer, {"model.seq_len=5"}),
+                  "--set model.seq_len=5: model.seq_len = 5: must divide the input features (12 "
+                  "for data.name = \"fashion-mnist\")");
+
+  // Images and labels that disagree, and splits of different shapes.
+  hetra::testing::writeFashionSplit(dir, "t10k", 2, 3, 4, {5, 6, 7});
+  try {
+    datasetGeometry(data);
+    ADD_FAILURE() << "no IoError";
+  } catch (const IoError& e) {
+    EXPECT_CONTAINS(e.what(), "(t10k split): 2 images but the labels file has shape [3]");
+  }
+  hetra::testing::writeFashionSplit(dir, "t10k", 2, 4, 3, {5, 6});
+  try {
+    datasetGeometry(data);
+    ADD_FAILURE() << "no IoError";
+  } catch (const IoError& e) {
+    EXPECT_CONTAINS(e.what(), "the train images are [1, 3, 4] but the test images [1, 4, 3]");
+  }
+}
+
+TEST(DatasetGeometry, MissingFilesAndOtherDatasets) {
+  hetra::testing::TempDir dir;
+  DataConfig data;
+  data.path = dir.path();
+  try {
+    datasetGeometry(data);
+    ADD_FAILURE() << "no IoError";
+  } catch (const IoError& e) {
+    EXPECT_CONTAINS(e.what(), dir.file("train-images-idx3-ubyte.gz"));
+    EXPECT_CONTAINS(e.what(), "dataset-fashion-mnist");
+  }
+  // A transformer needs the shape: validation names data.path (a ConfigError, before any rank).
+  const std::string e =
+      errorOf("[model]\nname = \"transformer\"\n[[devices]]\n", {"data.path=" + dir.path()});
+  EXPECT_CONTAINS(e, "--set data.path=" + dir.path() + ": data.path = \"" + dir.path() + "\"");
+  EXPECT_CONTAINS(e, "dataset-fashion-mnist");
+  // Other models do not read the files.
+  EXPECT_NO_THROW(parse("[[devices]]\n", {"data.path=" + dir.path()}));
+
+  DataConfig synthetic;
+  synthetic.name = "synthetic";
+  synthetic.features = 30;
+  synthetic.classes = 7;
+  EXPECT_EQ(datasetGeometry(synthetic), (DatasetGeometry{{30}, 7}));
+  EXPECT_CONTAINS(errorOf("[model]\nname = \"transformer\"\n[[devices]]\n",
+                          {"data.name=synthetic", "data.features=30", "model.seq_len=7"}),
+                  "must divide the input features (30 for data.name = \"synthetic\")");
+  DataConfig unknown;
+  unknown.name = "imagenet";
+  EXPECT_THROW(datasetGeometry(unknown), ConfigError);
+}
+
+TEST(DatasetGeometry, RealFashionMnist) {
+  DataConfig data;  // the default folder
+  if (!std::filesystem::exists(std::filesystem::path(data.path) / "train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << data.path << " is missing: install the Debian package dataset-fashion-mnist";
+  EXPECT_EQ(datasetGeometry(data), (DatasetGeometry{{1, 28, 28}, 10}));
+  EXPECT_CONTAINS(errorOf("[model]\nname = \"transformer\"\nseq_len = 5\n[[devices]]\n"),
+                  "run.toml:3: model.seq_len = 5: must divide the input features (784");
 }
 
 TEST(Config, LoadConfigOfAMissingFile) {

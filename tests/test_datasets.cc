@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <unistd.h>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +11,7 @@
 #include <numeric>
 
 #include "common/errors.h"
+#include "idx_testing.h"
 #include "train/datasets.h"
 
 namespace hetra::train {
@@ -30,43 +30,12 @@ std::vector<int64_t> range(int64_t n) {
   return v;
 }
 
-// A fresh folder, removed with its files at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("hetra_datasets_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string path() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
+using hetra::testing::TempDir;
+using hetra::testing::writeFashionSplit;
 
- private:
-  fs::path path_;
-};
-
-// A plain (uncompressed) IDX file of unsigned bytes; gzopen reads plain files, so a .gz name is
-// fine.
-void writeIdx(const std::string& path, const std::vector<uint32_t>& shape,
-              const std::vector<uint8_t>& data) {
-  std::ofstream out(path, std::ios::binary);
-  const uint8_t magic[4] = {0, 0, 0x08, uint8_t(shape.size())};
-  out.write(reinterpret_cast<const char*>(magic), 4);
-  for (uint32_t d : shape) {
-    const uint8_t be[4] = {uint8_t(d >> 24), uint8_t(d >> 16), uint8_t(d >> 8), uint8_t(d)};
-    out.write(reinterpret_cast<const char*>(be), 4);
-  }
-  out.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
-}
-
-// Test-split files with n images whose pixel p of image i is (i * 7 + p) % 256.
+// Test-split files with n images of 28 x 28.
 void writeSmallFashion(const TempDir& dir, uint32_t n, std::vector<uint8_t> labels) {
-  std::vector<uint8_t> pixels(size_t(n) * 784);
-  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = uint8_t((i / 784) * 7 + i % 784);
-  writeIdx(dir.file("t10k-images-idx3-ubyte.gz"), {n, 28, 28}, pixels);
-  writeIdx(dir.file("t10k-labels-idx1-ubyte.gz"), {uint32_t(labels.size())}, labels);
+  writeFashionSplit(dir, "t10k", n, 28, 28, labels);
 }
 
 template <typename F>
@@ -145,6 +114,28 @@ TEST(FashionMnistFiles, ExactValuesFromSmallFiles) {
   }
 }
 
+// The shape comes from the files' headers, not from Fashion-MNIST's 28 x 28, and it is the shape
+// datasetGeometry reads without loading the data.
+TEST(FashionMnistFiles, SampleShapeFromTheHeaders) {
+  TempDir dir;
+  writeFashionSplit(dir, "train", 5, 3, 4, {0, 1, 2, 3, 9});
+  writeFashionSplit(dir, "t10k", 2, 3, 4, {5, 6});
+  FashionMnist data(dir.path(), Split::kTrain);
+  EXPECT_EQ(data.size(), 5);
+  EXPECT_EQ(data.inputShape(), (std::vector<int64_t>{1, 3, 4}));
+  auto b = data.get({4});
+  EXPECT_EQ(b.targets[0].item<int64_t>(), 9);
+  for (int p : {0, 5, 11}) {
+    const double raw = double(uint8_t(4 * 7 + p));  // image 4, pixel p
+    EXPECT_NEAR(b.inputs[0][0][p / 4][p % 4].item<double>(), (raw / 255.0 - 0.2860) / 0.3530, 1e-6);
+  }
+  DataConfig config;
+  config.path = dir.path();
+  const DatasetGeometry geometry = datasetGeometry(config);
+  EXPECT_EQ(geometry.sampleShape, data.inputShape());
+  EXPECT_EQ(geometry.classes, data.classes());
+}
+
 TEST(FashionMnistFiles, BadFilesAreIoErrors) {
   {
     TempDir dir;
@@ -200,6 +191,7 @@ TEST_F(RealFashionMnist, CountsLabelsAndNormalisation) {
   ASSERT_EQ(train->size(), 60000);
   ASSERT_EQ(test->size(), 10000);
   EXPECT_EQ(train->inputShape(), (std::vector<int64_t>{1, 28, 28}));
+  EXPECT_EQ(datasetGeometry(DataConfig{}).sampleShape, train->inputShape());  // headers only
 
   auto all = train->get(range(60000));
   // Fashion-MNIST is balanced: 6000 train and 1000 test images per class.

@@ -157,7 +157,8 @@ TEST(DeviceProbe, FallsBackToToolsOnPath) {
   EXPECT_TRUE(hung.gpus.empty());
   EXPECT_TRUE(anyNoteContains(hung, "nvidia-smi: no answer within 300 ms (killed)"))
       << formatHostInfo(hung);
-  EXPECT_LT(seconds, 3.0);
+  // Killed at 300 ms, not waited for (the script sleeps 30 s); room for a sanitizer build.
+  EXPECT_LT(seconds, 15.0);
   ASSERT_EQ(info.gpus.size(), 1u) << formatHostInfo(info);
   EXPECT_EQ(info.gpus[0].name, "Fake Tool GPU");
   EXPECT_EQ(info.gpus[0].source, "nvidia-smi");
@@ -221,14 +222,25 @@ TEST(NvidiaSmiCsv, NoUnitsColumnSubsetAndComputeCapability) {
   EXPECT_EQ(gpus[0].temperatureC, -1);
 }
 
+// Expects parse(text) to throw an Error whose message contains `reason`.
+template <typename Parse>
+void expectRefused(Parse parse, const std::string& text, const std::string& reason) {
+  try {
+    parse(text);
+    ADD_FAILURE() << "accepted: " << text;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+  }
+}
+
 TEST(NvidiaSmiCsv, RejectsOutputThatIsNotTheQuery) {
   EXPECT_TRUE(parseNvidiaSmiCsv("").empty());
   EXPECT_TRUE(parseNvidiaSmiCsv("index, name\n").empty());  // header only: no GPU
-  EXPECT_THROW(parseNvidiaSmiCsv("NVIDIA-SMI has failed because it couldn't communicate with the "
-                                 "NVIDIA driver.\n"),
-               Error);
-  EXPECT_THROW(parseNvidiaSmiCsv("0, NVIDIA H200, 143771 MiB\n"), Error);  // no header
-  EXPECT_THROW(parseNvidiaSmiCsv("index, name, memory.total [MiB]\n0, H200\n"), Error);  // short
+  expectRefused(parseNvidiaSmiCsv,
+                "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n",
+                "no header naming a 'name' column");
+  expectRefused(parseNvidiaSmiCsv, "0, NVIDIA H200, 143771 MiB\n", "no header");
+  expectRefused(parseNvidiaSmiCsv, "index, name, memory.total [MiB]\n0, H200\n", "has 2 fields");
 }
 
 TEST(RocmSmiJson, ParsesCardsInIndexOrderAndSkipsOthers) {
@@ -263,8 +275,8 @@ TEST(RocmSmiJson, ParsesCardsInIndexOrderAndSkipsOthers) {
 }
 
 TEST(RocmSmiJson, RejectsTextThatIsNotJson) {
-  EXPECT_THROW(parseRocmSmiJson("ERROR: no amdgpu driver loaded"), Error);
-  EXPECT_THROW(parseRocmSmiJson("{\"card0\": {\"VRAM Total Memory (B)\": }"), Error);
+  expectRefused(parseRocmSmiJson, "ERROR: no amdgpu driver loaded", "holds no JSON object");
+  expectRefused(parseRocmSmiJson, "{\"card0\": {\"VRAM Total Memory (B)\": }", "not valid JSON");
   EXPECT_TRUE(parseRocmSmiJson("{\"system\": {}}").empty());
 }
 

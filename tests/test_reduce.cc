@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/reduce.h"
+#include "harness.h"
 
 namespace hetra::comm {
 namespace {
@@ -54,9 +55,11 @@ TEST_P(ReduceTest, InPlaceOnFirstSource) {
   const auto [dtype, op] = GetParam();
   const size_t count = 1001;
   std::vector<uint8_t> a(count * dtypeSize(dtype)), b(count * dtypeSize(dtype));
+  // Distinct per (source, element) as far as the dtype allows, sums exact (harness.h).
+  const test::DistinctValues values(dtype, 2);
   for (size_t i = 0; i < count; ++i) {
-    store(dtype, a, i, double(i % 17));
-    store(dtype, b, i, double((i * 5) % 13));
+    store(dtype, a, i, values(0, i));
+    store(dtype, b, i, values(1, i));
   }
   auto expected = a;
   for (size_t i = 0; i < count; ++i) {

@@ -40,22 +40,17 @@ std::unique_ptr<Transport> connect(store::Store& store, int rank, int size, size
   return createShmTransport(store, rank, size, options);
 }
 
-bool smallRange(DType dtype) {
-  return dtype == DType::F16 || dtype == DType::BF16 || dtype == DType::U8;
+// Rank `rank`'s element `index` in a group of n: exact in dtype, distinct per (rank, element), and
+// sums over n ranks stay exact (harness.h), so every result is compared exactly.
+double inputValue(DType dtype, int n, int rank, size_t index) {
+  return distinctValue(dtype, n, rank, index);
 }
 
-// The value rank `rank` holds at `index`, as stored in `dtype`.
-double inputValue(DType dtype, int rank, size_t index) {
-  uint64_t storage = 0;
-  storeElement(dtype, &storage, 0, distinctValue(rank, index, smallRange(dtype)));
-  return loadElement(dtype, &storage, 0);
-}
-
-// op over every rank's inputValue, rounded to `dtype` like the result.
-double expectedReduce(DType dtype, ReduceOp op, int size, size_t index) {
-  double acc = inputValue(dtype, 0, index);
-  for (int r = 1; r < size; ++r) {
-    const double v = inputValue(dtype, r, index);
+// op over every rank's inputValue (Avg is reduced as Sum).
+double expectedReduce(DType dtype, ReduceOp op, int n, size_t index) {
+  double acc = inputValue(dtype, n, 0, index);
+  for (int r = 1; r < n; ++r) {
+    const double v = inputValue(dtype, n, r, index);
     if (op == ReduceOp::Min)
       acc = std::min(acc, v);
     else if (op == ReduceOp::Max)
@@ -63,14 +58,7 @@ double expectedReduce(DType dtype, ReduceOp op, int size, size_t index) {
     else
       acc += v;
   }
-  uint64_t storage = 0;
-  storeElement(dtype, &storage, 0, acc);
-  return loadElement(dtype, &storage, 0);
-}
-
-bool near(DType dtype, double got, double want) {
-  if (!isFloating(dtype)) return got == want;
-  return std::fabs(got - want) <= 1e-6 * std::max(1.0, std::fabs(want));
+  return acc;
 }
 
 // Collects the first few wrong elements of one rank instead of throwing, so that the other ranks
@@ -113,7 +101,7 @@ void sweepAllreduce(SharedArena& arena, uint64_t& seq, Checker& check,
         auto in = bufferOf(dtype, count);
         auto out = bufferOf(dtype, count);
         for (size_t i = 0; i < count; ++i)
-          storeElement(dtype, in.data(), i, distinctValue(me, i, smallRange(dtype)));
+          storeElement(dtype, in.data(), i, inputValue(dtype, n, me, i));
         AllreduceArgs args;
         args.in = in.data();
         args.out = inPlace ? in.data() : out.data();
@@ -126,7 +114,7 @@ void sweepAllreduce(SharedArena& arena, uint64_t& seq, Checker& check,
         for (size_t i = 0; i < count; ++i) {
           const double got = loadElement(dtype, args.out, i),
                        want = expectedReduce(dtype, op, n, i);
-          check.expect(near(dtype, got, want), [&] {
+          check.expect(got == want, [&] {
             return str("allreduce ", dtypeName(dtype), " ", reduceOpName(op), " count ", count,
                        inPlace ? " in place" : "", " n ", n, ": [", i, "] = ", got, ", want ",
                        want);
@@ -160,7 +148,7 @@ void sweepReduceScatter(SharedArena& arena, uint64_t& seq, Checker& check,
           auto in = bufferOf(dtype, total);
           auto out = bufferOf(dtype, counts[me]);
           for (size_t i = 0; i < total; ++i)
-            storeElement(dtype, in.data(), i, distinctValue(me, i, smallRange(dtype)));
+            storeElement(dtype, in.data(), i, inputValue(dtype, n, me, i));
           ReduceScatterArgs args;
           args.in = in.data();
           // In place as NCCL does it: the output is this rank's block of the input.
@@ -174,7 +162,7 @@ void sweepReduceScatter(SharedArena& arena, uint64_t& seq, Checker& check,
           for (size_t i = 0; i < counts[me]; ++i) {
             const double got = loadElement(dtype, args.out, i);
             const double want = expectedReduce(dtype, op, n, offset + i);
-            check.expect(near(dtype, got, want), [&] {
+            check.expect(got == want, [&] {
               return str("reduce-scatter ", dtypeName(dtype), " ", reduceOpName(op), " count ",
                          count, uneven ? " uneven" : "", inPlace ? " in place" : "", " n ", n,
                          ": [", i, "] = ", got, ", want ", want);
@@ -199,9 +187,9 @@ void sweepAllgather(SharedArena& arena, uint64_t& seq, Checker& check,
         auto in = bufferOf(dtype, counts[me]);
         auto out = bufferOf(dtype, total);
         uint8_t* mine = inPlace ? out.data() + offsets[me] * dtypeSize(dtype) : in.data();
-        // Element i of rank k's block carries distinctValue(k, i): rank and position both show.
+        // Element i of rank k's block carries inputValue(k, i): rank and position both show.
         for (size_t i = 0; i < counts[me]; ++i)
-          storeElement(dtype, mine, i, distinctValue(me, i, smallRange(dtype)));
+          storeElement(dtype, mine, i, inputValue(dtype, n, me, i));
         AllgatherArgs args;
         args.in = mine;
         args.out = out.data();
@@ -213,7 +201,7 @@ void sweepAllgather(SharedArena& arena, uint64_t& seq, Checker& check,
         for (int k = 0; k < n; ++k) {
           for (size_t i = 0; i < counts[k]; ++i) {
             const double got = loadElement(dtype, out.data(), offsets[k] + i);
-            const double want = inputValue(dtype, k, i);
+            const double want = inputValue(dtype, n, k, i);
             check.expect(got == want, [&] {
               return str("allgather ", dtypeName(dtype), " count ", count, uneven ? " uneven" : "",
                          inPlace ? " in place" : "", " n ", n, ": block ", k, " [", i, "] = ", got,
@@ -235,7 +223,7 @@ void sweepBroadcast(SharedArena& arena, uint64_t& seq, Checker& check,
         auto buf = bufferOf(dtype, count);
         if (me == root)
           for (size_t i = 0; i < count; ++i)
-            storeElement(dtype, buf.data(), i, distinctValue(root + 1, i, smallRange(dtype)));
+            storeElement(dtype, buf.data(), i, inputValue(dtype, n, root, i));
         BroadcastArgs args;
         args.buf = buf.data();
         args.count = count;
@@ -246,7 +234,7 @@ void sweepBroadcast(SharedArena& arena, uint64_t& seq, Checker& check,
         broadcastShared(arena, args);
         for (size_t i = 0; i < count; ++i) {
           const double got = loadElement(dtype, buf.data(), i);
-          const double want = inputValue(dtype, root + 1, i);
+          const double want = inputValue(dtype, n, root, i);
           check.expect(got == want, [&] {
             return str("broadcast ", dtypeName(dtype), " count ", count, " root ", root, " n ", n,
                        ": [", i, "] = ", got, ", want ", want);
@@ -381,15 +369,14 @@ TEST(SharedAlgorithms, BarrierOrdersRanks) {
   }
 }
 
-// Runs `call(rank, arena)` on n ranks and expects MismatchError on every rank, quickly.
+// Runs `call(rank, arena)` on n ranks and expects MismatchError on every rank (a rank that waited
+// for its deadline instead would throw TimeoutError).
 void expectMismatchEverywhere(int n, const std::function<void(int, SharedArena&)>& call) {
   auto store = test::newGroupStore();
-  const auto start = Clock::now();
   auto errors = runRanksCollect(n, [&](int rank) {
     auto transport = connect(*store, rank, n, kSmallSlot);
     call(rank, *transport->sharedArena());
   });
-  EXPECT_LT(secondsSince(start), 2.0);
   for (int rank = 0; rank < n; ++rank) {
     ASSERT_TRUE(errors[rank]) << "rank " << rank << " did not fail";
     try {
@@ -483,20 +470,23 @@ TEST(SharedAlgorithms, MissingRankTimesOut) {
     args.deadline = deadlineAfter(Millis(300));
     allreduceShared(*transport->sharedArena(), args);
   });
-  EXPECT_LT(secondsSince(start), 5.0);
+  // The call's 300 ms deadline, not the transport's 20 s timeout, ended the wait: a bound with
+  // room for a sanitizer build on busy cores.
+  EXPECT_LT(secondsSince(start), 10.0);
   EXPECT_FALSE(errors[1]);
   ASSERT_TRUE(errors[0]);
   try {
     std::rethrow_exception(errors[0]);
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw " << e.what() << " instead of TimeoutError";
   }
 }
 
 TEST(SharedAlgorithms, AbortWakesEveryRank) {
   const int n = 4;
   auto store = test::newGroupStore();
-  const auto start = Clock::now();
   auto errors = runRanksCollect(n, [&](int rank) {
     auto transport = connect(*store, rank, n, kSmallSlot);
     if (rank == 1) {
@@ -514,7 +504,7 @@ TEST(SharedAlgorithms, AbortWakesEveryRank) {
     args.deadline = testDeadline();
     allreduceShared(*transport->sharedArena(), args);
   });
-  EXPECT_LT(secondsSince(start), 3.0);
+  // A rank that slept through the abort until its deadline would throw TimeoutError instead.
   for (int rank : {0, 2, 3}) {
     ASSERT_TRUE(errors[rank]) << "rank " << rank;
     try {
@@ -523,6 +513,8 @@ TEST(SharedAlgorithms, AbortWakesEveryRank) {
       EXPECT_EQ(e.rank(), 1);
       EXPECT_NE(std::string(e.what()).find("out of memory in the test"), std::string::npos)
           << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << rank << " threw " << e.what() << " instead of PeerAbortedError";
     }
   }
 }

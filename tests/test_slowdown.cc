@@ -2,6 +2,7 @@
 // are paid back by the next phases, a stall is repaid only up to the cap.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <vector>
 
 #include "device/slowdown.h"
@@ -76,12 +77,16 @@ TEST(SlowdownEmulator, AStallIsRepaidOnlyUpToTheCap) {
   EXPECT_NEAR(skipped, SlowdownEmulator::kMaxDebtSeconds, 1e-12);
 }
 
-// The real sleep: never shorter than asked.
+// The real sleep: never shorter than asked, and what it reports is time that passed (measured
+// around it here, so no bound on how late a busy machine wakes it).
 TEST(SlowdownEmulator, RealSleepReturnsWhatItSlept) {
   SlowdownEmulator::tightenTimerSlack();
+  const auto before = std::chrono::steady_clock::now();
   const double slept = SlowdownEmulator::sleepFor(0.002);
+  const double around =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
   EXPECT_GE(slept, 0.002);
-  EXPECT_LT(slept, 1.0);
+  EXPECT_LE(slept, around);
 }
 
 }  // namespace

@@ -141,6 +141,19 @@ bool Balancer::modelsKnown() const {
                      [](const ThroughputModel& m) { return m.cost().known(); });
 }
 
+std::vector<CostModel> Balancer::costs() const {
+  std::vector<CostModel> out;
+  for (const auto& m : models_) out.push_back(m.cost());
+  return out;
+}
+
+double Balancer::idealSamplesPerSecond() const {
+  if (!modelsKnown()) return 0.0;
+  const Plan best = makePlan(optimalShares(costs(), caps_, options_.globalBatch));
+  return best.predictedStepSeconds > 0.0 ? double(options_.globalBatch) / best.predictedStepSeconds
+                                         : 0.0;
+}
+
 Plan Balancer::makePlan(const std::vector<int64_t>& shares) const {
   Plan p;
   for (size_t i = 0; i < shares.size(); ++i) {
@@ -199,9 +212,7 @@ bool Balancer::endStep(int64_t step) {
     return false;
   }
 
-  std::vector<CostModel> costs;
-  for (const auto& m : models_) costs.push_back(m.cost());
-  const std::vector<int64_t> candidateShares = optimalShares(costs, caps_, options_.globalBatch);
+  const std::vector<int64_t> candidateShares = optimalShares(costs(), caps_, options_.globalBatch);
   const Plan candidate = makePlan(candidateShares);
   const double current = plan_.predictedStepSeconds;
   lastGain_ = current > 0.0 ? (current - candidate.predictedStepSeconds) / current : 0.0;

@@ -114,6 +114,12 @@ class Balancer {
   const CostModel& cost(int rank) const;
   // Gain of the candidate over the plan at the last endStep (0 before any decision).
   double lastGain() const { return lastGain_; }
+  // The balancer's own prediction of the best synchronous step: under the current models T_i(b)
+  // (with the memory caps), min over splits sum b_i = B of max_i T_i(b_i), with no communication,
+  // as samples per second B / that step. The "balancer-optimal ideal" of docs/benchmarks.md as
+  // the balancer sees it, whatever the mode and the current plan. 0 until every rank's model is
+  // fitted.
+  double idealSamplesPerSecond() const;
 
   // Exact state (options, caps, models, plan, pending observations, policy counters) as JSON text;
   // load() of it makes the same future decisions as this balancer.
@@ -122,6 +128,7 @@ class Balancer {
 
  private:
   bool modelsKnown() const;
+  std::vector<CostModel> costs() const;
   Plan makePlan(const std::vector<int64_t>& shares) const;
   void adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason);
 

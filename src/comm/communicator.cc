@@ -11,13 +11,9 @@
 
 #include "comm/hierarchy.h"
 #include "comm/providers/registry.h"
-#include "comm/transport/shm_transport.h"
-#include "comm/transport/tcp_transport.h"
+#include "comm/transport/registry.h"
 #include "comm/transport/transport.h"
 #include "comm/work_queue.h"
-#ifdef HETRA_WITH_MPI
-#include "comm/transport/mpi_transport.h"
-#endif
 #include "common/errors.h"
 #include "common/logging.h"
 #include "common/params.h"
@@ -31,8 +27,6 @@ const Param kAlgo(
     "provider for every operation it has (ring, shared, compressed, hierarchical, ...), "
     "or OPERATION:PROVIDER,... (operations: allreduce, reducescatter, allgather, "
     "broadcast, barrier). `hetra params` lists the providers' names.");
-const Param kIfaceAddr("HETRA_IFACE_ADDR", "127.0.0.1",
-                       "Address the tcp transport listens on (the interface other hosts reach).");
 const Param kIslandLink(
     "HETRA_ISLAND_LINK", "5us,5GB/s",
     "Latency and bandwidth of a message inside an island (the cost model), e.g. "
@@ -323,39 +317,16 @@ class CommunicatorImpl : public Communicator,
                               "every rank"));
   }
 
+  // The transport table (transport/registry.h) decides, from what every rank knows alike.
   std::unique_ptr<Transport> connect() {
-    const std::string& choice = options_.transport;
-    if (choice != "auto" && choice != "shm" && choice != "tcp" && choice != "mpi")
-      throw ConfigError(
-          str("transport '", choice, "' is not allowed; allowed: auto, shm, tcp, mpi"));
-#ifndef HETRA_WITH_MPI
-    if (choice == "mpi")
-      throw ConfigError(
-          "transport 'mpi': this hetra was not built with MPI support "
-          "(configure with -DHETRA_WITH_MPI=ON)");
-#endif
-    if (choice == "shm" && !oneHost())
-      throw ConfigError(
-          "transport 'shm' needs every rank of the group on one host; this group spans hosts");
-#ifdef HETRA_WITH_MPI
-    if (choice == "mpi") {
-      MpiOptions mpi;
-      mpi.timeout = options_.timeout;
-      return createMpiTransport(std::make_shared<store::PrefixStore>("mpi", store_), rank_, size_,
-                                mpi);
-    }
-#endif
-    if (choice == "shm" || (choice == "auto" && oneHost())) {
-      store::PrefixStore shmStore("shm", store_);
-      ShmOptions shm;
-      shm.timeout = options_.timeout;
-      return createShmTransport(shmStore, rank_, size_, shm);
-    }
-    TcpOptions tcp;
-    tcp.timeout = options_.timeout;
-    tcp.listenAddress = options_.listenAddress.empty() ? kIfaceAddr.str() : options_.listenAddress;
-    return createTcpTransport(std::make_shared<store::PrefixStore>("tcp", store_), rank_, size_,
-                              tcp);
+    TransportRequest request;
+    request.store = store_;
+    request.rank = rank_;
+    request.size = size_;
+    for (const RankRecord& r : records_) request.hosts.push_back(r.host);
+    request.timeout = options_.timeout;
+    request.listenAddress = options_.listenAddress;
+    return connectTransport(options_.transport, request);
   }
 
   // Whether some operation may run on the hierarchical provider: building one forms sub-groups

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 
+#include "common/net.h"
 #include "common/params.h"
 
 namespace hetra::log {
@@ -76,12 +77,6 @@ const char* levelName(Level level) {
   return "?";
 }
 
-std::string hostName() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
-
 }  // namespace
 
 void reloadConfig() {
@@ -104,7 +99,7 @@ void setRank(int rank) {
 }
 
 void write(Level level, const char* subsystem, const std::string& message) {
-  static const std::string host = hostName();
+  static const std::string host = net::hostName();
   const int rank = threadRank != -2 ? threadRank : processRank.load();
   char rankText[24] = "";
   if (rank >= 0) std::snprintf(rankText, sizeof rankText, " r%d", rank);

@@ -13,6 +13,10 @@ int pollMillis(Deadline deadline);
 
 void setNoDelay(int fd);
 
+// This machine's name (gethostname), "?" when it has none: the one copy for logs, stores and
+// transports.
+std::string hostName();
+
 // Connects a non-blocking TCP socket (close-on-exec) to host:port, trying every address of `host`,
 // and again after a pause that doubles from firstPause up to maxPause (the server may not listen
 // yet), until one succeeds or `deadline` passes. Returns the socket, or -1 at the deadline with

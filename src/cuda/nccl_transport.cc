@@ -20,6 +20,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/transport/abort_record.h"
+#include "comm/transport/registry.h"
 #include "common/errors.h"
 #include "common/logging.h"
 #include "cuda/cuda_check.h"
@@ -443,6 +444,20 @@ std::unique_ptr<NcclTransport> createNcclTransport(std::shared_ptr<store::Store>
   auto transport = std::make_unique<NcclTransportImpl>(store, rank, size, device);
   transport->init(id, deadline);
   return transport;
+}
+
+void registerTransports() {
+  comm::registerTransport(
+      {"nccl", -1,
+       [](const comm::TransportRequest&) -> std::string {
+         return cudaDeviceCount() > 0 ? "" : "no CUDA device is visible to this process";
+       },
+       [](const comm::TransportRequest& r) -> std::unique_ptr<comm::Transport> {
+         NcclOptions options;
+         options.timeout = r.timeout;
+         return createNcclTransport(std::make_shared<store::PrefixStore>("nccl", r.store), r.rank,
+                                    r.size, options);
+       }});
 }
 
 }  // namespace hetra::cuda

@@ -59,6 +59,11 @@ class NcclTransport : public comm::Transport {
 std::unique_ptr<NcclTransport> createNcclTransport(std::shared_ptr<store::Store> store, int rank,
                                                    int size, const NcclOptions& options = {});
 
+// Adds "nccl" to the transport table (comm/transport/registry.h), so that a group forced to
+// transport "nccl" is built on it; never chosen by "auto" (its buffers must be device memory).
+// hetra_comm does not link this library: a program built with CUDA calls this once, early.
+void registerTransports();
+
 // Devices this process can use (cudaGetDeviceCount; 0 when there is no driver or no GPU).
 int cudaDeviceCount();
 

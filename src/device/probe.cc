@@ -24,6 +24,7 @@
 
 #include "common/errors.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/params.h"
 #include "common/timing.h"
 
@@ -633,9 +634,7 @@ std::string gib(uint64_t bytes) {
 
 HostInfo probeHost() {
   HostInfo info;
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  info.hostname = host;
+  info.hostname = net::hostName();
   info.cpuModel = cpuModel();
   info.logicalCores = affinityCores();
   info.onlineCores = int(::sysconf(_SC_NPROCESSORS_ONLN));

@@ -8,6 +8,15 @@
 
 namespace hetra::device {
 
+double slowdownAt(double initial, const std::vector<SlowdownChange>& schedule, int64_t step) {
+  double factor = initial;
+  for (const auto& change : schedule) {
+    if (change.step > step) break;
+    factor = change.factor;
+  }
+  return factor;
+}
+
 SlowdownEmulator::SlowdownEmulator(Sleep sleep) : sleep_(std::move(sleep)) {}
 
 double SlowdownEmulator::endPhase(double slowdown, double wall, double work) {

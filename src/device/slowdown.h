@@ -13,9 +13,22 @@
 // The debt is capped, so one long stall is not repaid by a burst at full speed.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace hetra::device {
+
+// One change of a device's slowdown: from `step` on it runs `factor` times slower, until the next.
+struct SlowdownChange {
+  int64_t step = 0;
+  double factor = 1.0;
+  bool operator==(const SlowdownChange&) const = default;
+};
+
+// The factor in effect at `step`: `initial` before the first change of `schedule` (steps
+// increasing), then that of the latest change at or before `step`.
+double slowdownAt(double initial, const std::vector<SlowdownChange>& schedule, int64_t step);
 
 class SlowdownEmulator {
  public:

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "common/net.h"
 
 namespace hetra::store {
 namespace {
@@ -49,12 +50,6 @@ std::optional<Bytes> readFile(const std::string& path) {
   }
   ::close(fd);
   return out;
-}
-
-std::string hostName() {
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return name;
 }
 
 // Polls `ready` with a sleep that grows to kMaxPollSleep, until it holds or the deadline passes.
@@ -147,7 +142,7 @@ std::string FileStore::pathFor(const std::string& key) const {
 void FileStore::writeFile(const std::string& key, const Bytes& value) {
   // Unique per host, process and call, so concurrent writers never share a temp file.
   static std::atomic<uint64_t> counter{0};
-  static const std::string host = hostName();
+  static const std::string host = net::hostName();
   const std::string temp =
       str(directory_, "/.tmp.", host, ".", ::getpid(), ".", counter.fetch_add(1));
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);

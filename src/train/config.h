@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "device/slowdown.h"
+
 namespace hetra::train {
 
 struct ModelConfig {
@@ -110,11 +112,7 @@ struct TopologyConfig {
 };
 
 // From step `step` on, the device runs `factor` times slower (until the next change).
-struct SlowdownChange {
-  int64_t step = 0;
-  double factor = 1.0;
-  bool operator==(const SlowdownChange&) const = default;
-};
+using SlowdownChange = device::SlowdownChange;
 
 // One [[devices]] entry: one rank.
 struct DeviceConfig {
@@ -164,11 +162,15 @@ struct RunConfig {
 };
 
 struct Capabilities {
-  bool cuda = false;  // devices of kind "cuda" allowed
+  bool cuda = false;  // devices of kind "cuda" allowed: training runs on them
+  // Built with CUDA (HETRA_WITH_CUDA). Without `cuda` a cuda device is then refused as "training on
+  // CUDA is not implemented yet" rather than "rebuild with CUDA": the build has the NCCL transport
+  // and the codec kernels, but the trainer computes on the CPU, so a cuda device would train there.
+  bool cudaBuild = false;
   bool rocm = false;  // devices of kind "rocm" allowed
   int cores = 0;      // CPUs this process may use; 0 = unknown (no oversubscription warning)
-  // What this build (HETRA_WITH_CUDA / HETRA_WITH_ROCM compile definitions) and this process's CPU
-  // affinity offer.
+  // What this build and this process's CPU affinity offer: cudaBuild in a CUDA build, never cuda
+  // or rocm (no trainer runs on a GPU yet), the cores of the affinity mask.
   static Capabilities ofThisBuild();
 };
 
@@ -197,13 +199,16 @@ int64_t parseBytes(const std::string& text);
 std::string formatBytes(int64_t bytes);
 
 // Memory caps against the model's footprint: a device needs fixedBytes (parameters, gradients,
-// optimizer state) + bytesPerSample per micro-batch sample. Throws ConfigError naming
-// devices[i].memory, its value and the minimum needed, when a cap cannot hold one sample.
+// optimizer state) + bytesPerSample per micro-batch sample (the arithmetic is
+// balance/memory_caps.h's). Throws ConfigError naming devices[i].memory, its value and the minimum
+// needed, when a cap cannot hold one sample.
 void checkMemoryCaps(const RunConfig& config, int64_t fixedBytes, int64_t bytesPerSample);
-// Most samples one micro-batch of `device` may hold (INT64_MAX when unlimited; 0 when too small).
+// Most samples one micro-batch of `device` may hold (INT64_MAX when unlimited; 0 when too small):
+// balance::maxMicroBatch of its memory cap.
 int64_t maxMicroBatch(const DeviceConfig& device, int64_t fixedBytes, int64_t bytesPerSample);
 
-// The slowdown factor in effect at `step` (slowdown before the schedule's first change).
+// The slowdown factor in effect at `step` (slowdown before the schedule's first change):
+// device::slowdownAt of the device's slowdown and schedule.
 double slowdownAt(const DeviceConfig& device, int64_t step);
 
 }  // namespace hetra::train

@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <random>
@@ -14,8 +13,6 @@
 
 namespace hetra::train {
 namespace {
-
-constexpr const char* kPackage = "dataset-fashion-mnist";
 
 // Standard normal values from a generator of our own (Box-Muller), identical on every platform.
 class Gaussian {
@@ -40,47 +37,40 @@ class Gaussian {
   bool hasSpare_ = false;
 };
 
-IdxArray readFashionFile(const std::string& directory, const std::string& file) {
-  const std::string path = (std::filesystem::path(directory) / file).string();
-  if (!std::filesystem::exists(path))
-    throw IoError(
-        str("Fashion-MNIST file '", path, "' does not exist: install the Debian package ", kPackage,
-            " (apt install ", kPackage, "), or set data.path to a folder holding ",
-            "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz ",
-            "and t10k-labels-idx1-ubyte.gz"));
+IdxArray readFashionFile(const std::string& directory, const std::string& split,
+                         const std::string& what) {
+  const std::string path = fashion_mnist::existingFile(directory, split, what);
   try {
     return readIdx(path);
   } catch (const IoError& e) {
-    throw IoError(str(e.what(), " (Fashion-MNIST, from the Debian package ", kPackage, ")"));
+    throw IoError(
+        str(e.what(), " (Fashion-MNIST, from the Debian package ", fashion_mnist::kPackage, ")"));
   }
 }
 
 TensorDataset loadFashion(const std::string& directory, Split split) {
   const std::string prefix = split == Split::kTrain ? "train" : "t10k";
-  const IdxArray images = readFashionFile(directory, prefix + "-images-idx3-ubyte.gz");
-  const IdxArray labels = readFashionFile(directory, prefix + "-labels-idx1-ubyte.gz");
+  const IdxArray images = readFashionFile(directory, prefix, "images");
+  const IdxArray labels = readFashionFile(directory, prefix, "labels");
   const std::string where = str("Fashion-MNIST in '", directory, "' (", prefix, " split)");
-  if (images.shape.size() != 3 || images.shape[1] != 28 || images.shape[2] != 28)
-    throw IoError(
-        str(where, ": the images are not [N, 28, 28] (", images.shape.size(), " dimensions)"));
-  if (labels.shape.size() != 1 || labels.shape[0] != images.shape[0])
-    throw IoError(str(where, ": ", images.shape[0], " images but the labels file has shape [",
-                      labels.shape.empty() ? 0 : labels.shape[0],
-                      labels.shape.size() > 1 ? ", ..." : "", "]"));
+  // The shape the files declare (28 x 28 for Fashion-MNIST), as datasetGeometry reads it.
+  std::vector<int64_t> shape = fashion_mnist::sampleShapeOf(where, images.shape, labels.shape);
   for (uint8_t label : labels.data)
-    if (label >= 10)
-      throw IoError(str(where, ": label ", int(label), " is not a class in [0, 10)"));
+    if (label >= fashion_mnist::kClasses)
+      throw IoError(str(where, ": label ", int(label), " is not a class in [0, ",
+                        fashion_mnist::kClasses, ")"));
 
   const int64_t n = images.shape[0];
+  shape.insert(shape.begin(), n);
   // from_blob borrows the vectors; the conversions copy, so nothing outlives them.
-  auto inputs = at::from_blob(const_cast<uint8_t*>(images.data.data()), {n, 1, 28, 28}, at::kByte)
+  auto inputs = at::from_blob(const_cast<uint8_t*>(images.data.data()), shape, at::kByte)
                     .to(at::kFloat)
                     .div_(255.0)
                     .sub_(FashionMnist::kMean)
                     .div_(FashionMnist::kStd);
   auto targets =
       at::from_blob(const_cast<uint8_t*>(labels.data.data()), {n}, at::kByte).to(at::kLong);
-  return TensorDataset("fashion-mnist", inputs, targets, 10);
+  return TensorDataset("fashion-mnist", inputs, targets, fashion_mnist::kClasses);
 }
 
 TensorDataset makeSynthetic(int64_t samples, int64_t features, int64_t classes, uint64_t seed,

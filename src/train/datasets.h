@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "train/dataset_geometry.h"
+
 namespace hetra::train {
 
 struct Batch {
@@ -56,7 +58,8 @@ class TensorDataset : public Dataset {
 };
 
 // Fashion-MNIST from `directory` (the Debian package dataset-fashion-mnist installs it in
-// kDefaultDir): samples [1, 28, 28] normalised as (x/255 - 0.2860) / 0.3530, 10 classes.
+// kDefaultDir): samples [1, H, W] as the files' headers say ([1, 28, 28]; datasetGeometry reads the
+// same shape without loading the data), normalised as (x/255 - 0.2860) / 0.3530, 10 classes.
 // Throws IoError naming the file (and the package, when a file is missing) for missing, truncated
 // or inconsistent files.
 class FashionMnist : public TensorDataset {

@@ -19,6 +19,7 @@
 #include "comm/communicator.h"
 #include "common/errors.h"
 #include "common/logging.h"
+#include "common/units.h"
 #include "launch.h"
 
 namespace hetra::cli {
@@ -210,27 +211,10 @@ double median(std::vector<double> values) {
 }  // namespace
 
 size_t parseSize(const std::string& text) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  double scale = 1;
-  const std::string suffix = text.substr(used);
-  if (suffix == "K" || suffix == "k" || suffix == "KiB")
-    scale = 1024.0;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB")
-    scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB")
-    scale = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty())
-    used = 0;
-  if (used == 0 || value < 0)
-    throw ConfigError(str(
-        "size '", text, "' is not a size; use bytes with an optional K, M or G suffix (e.g. 64M)"));
-  return size_t(value * scale);
+  // nccl-tests' shorthand: a lone K, M or G is binary (4K = 4KiB); everything else as parseBytes.
+  std::string bytes = text;
+  if (!bytes.empty() && std::strchr("KkMmGg", bytes.back())) bytes += "iB";
+  return size_t(parseBytes(bytes));
 }
 
 int runBenchRank(const BenchOptions& o) {

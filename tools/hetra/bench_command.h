@@ -32,7 +32,8 @@ struct BenchOptions {
 // Runs the benchmark as one rank of a job described by the environment (rank 0 prints the table).
 int runBenchRank(const BenchOptions& options);
 
-// "8", "4K", "1M", "64M", "1G" (powers of 1024) to bytes; throws ConfigError naming the value.
+// "8", "4K", "1M", "64M", "1G" (a lone K, M, G: powers of 1024) or any form of parseBytes
+// ("48MiB", "1GB") to bytes; throws ConfigError naming the value.
 size_t parseSize(const std::string& text);
 
 }  // namespace hetra::cli

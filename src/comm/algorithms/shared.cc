@@ -411,4 +411,8 @@ void barrierShared(SharedArena& arena, const BarrierArgs& args) {
   syncHeaders(arena, op, OpHeader::of(args), args.deadline);
 }
 
+size_t sharedSmallBytes(const SharedArena& arena) {
+  return layoutOf(arena).small;
+}
+
 }  // namespace hetra::comm

@@ -20,4 +20,8 @@ void allgatherShared(SharedArena& arena, const AllgatherArgs& args);
 void broadcastShared(SharedArena& arena, const BroadcastArgs& args);
 void barrierShared(SharedArena& arena, const BarrierArgs& args);
 
+// Operations of at most this many bytes per rank take the small path: their data travels with the
+// first sync point, and nothing else follows (the cost model's inputs).
+size_t sharedSmallBytes(const SharedArena& arena);
+
 }  // namespace hetra::comm

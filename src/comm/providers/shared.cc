@@ -2,6 +2,8 @@
 // cost counts the arena's sync points and the bytes each rank copies: an allreduce copies its
 // input into its slot, reduces its slice from every slot and copies every slice out (about three
 // buffers of memory traffic), with a sync point to publish the header and two per piece after it.
+// A small operation travels with the header's sync point and needs no other, but every rank reads
+// every peer's small buffer and header.
 #include <algorithm>
 #include <cmath>
 
@@ -23,7 +25,10 @@ class SharedProvider final : public Provider {
   }
   double seconds(const Operation& op, const GroupFacts& group) const override {
     if (group.size == 1) return 0;
-    const double bytes = double(op.bytes);
+    const double n = group.size, bytes = double(op.bytes);
+    constexpr double kHeaderBytes = 64;  // one cache line per peer's header
+    if (op.kind != OpKind::Barrier && op.bytes <= sharedSmallBytes(*group.arena))
+      return group.arenaLink.seconds(1, (n + 1) * bytes + n * kHeaderBytes);
     // Pieces move one after another through a third of a slot each.
     const double piece = std::max<double>(1, double(group.arena->slotBytes()) / 3);
     const double pieces = std::ceil(bytes / piece);

@@ -78,6 +78,7 @@
 #include "common/bytes.h"
 #include "common/errors.h"
 #include "common/logging.h"
+#include "common/net.h"
 
 namespace hetra::comm {
 
@@ -165,12 +166,6 @@ std::string mpiErrorText(int code) {
   return std::string(text, size_t(length));
 }
 
-std::string hostName() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "?";
-  return name;
-}
-
 const char* threadLevelName(int level) {
   switch (level) {
     case MPI_THREAD_SINGLE:
@@ -210,7 +205,7 @@ void finalizeAtExit() {
 std::string jobIdentity() {
   if (const char* ns = std::getenv("PMIX_NAMESPACE"); ns && *ns) return str("pmix:", ns);
   if (const char* id = std::getenv("OMPI_MCA_ess_base_jobid"); id && *id) return str("ompi:", id);
-  return str("singleton:", hostName(), ":", getpid());
+  return str("singleton:", net::hostName(), ":", getpid());
 }
 
 }  // namespace
@@ -973,7 +968,7 @@ std::unique_ptr<Transport> createMpiTransport(std::shared_ptr<store::Store> stor
   }
   // Join: every rank publishes its MPI job, world rank and host; a missing rank is named here.
   store->setString(str("world/", rank),
-                   str(process.job, "\n", process.worldRank, "\n", hostName()));
+                   str(process.job, "\n", process.worldRank, "\n", net::hostName()));
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(str("world/", r));
   try {

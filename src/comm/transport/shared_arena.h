@@ -63,7 +63,13 @@ class SharedArena {
     uint64_t spinNs = 0;   // how long a waiter spins before it yields or sleeps
     uint64_t yieldNs = 0;  // then how long it calls sched_yield before it sleeps
     Monitor* monitor = nullptr;
+    uint8_t* smallSlots = nullptr;  // 2 * size small slots, kSmallSlotBytes each; see smallSlot()
   };
+
+  // Small slots (algorithms/small_shared.cc): two per rank, used by alternate operations like the
+  // header areas, each holding a rank's header and payload together so that a reader finds both
+  // in the same cache lines. Separate from the slots, which the other algorithms lay out.
+  static constexpr size_t kSmallSlotBytes = size_t(16) << 10;
 
   // One thread of control per rank uses an arena at a time (the communicator's progress thread).
   // A collective that threw leaves the ranks at different steps: the group must not be used again.
@@ -76,6 +82,10 @@ class SharedArena {
 
   uint8_t* slot(int rank) const { return l_.slots + size_t(rank) * l_.slotStride; }
   size_t slotBytes() const { return l_.slotBytes; }
+  bool hasSmallSlots() const { return l_.smallSlots != nullptr; }
+  uint8_t* smallSlot(int rank, uint64_t op) const {
+    return l_.smallSlots + (2 * size_t(rank) + (op & 1)) * kSmallSlotBytes;
+  }
 
   // Numbers this rank's collectives on the arena (0, 1, ...): the header area parity. Throws
   // PeerAbortedError when the group was aborted, so no new collective starts on a failed group.
@@ -87,6 +97,9 @@ class SharedArena {
 
   // The last step this rank posted.
   uint64_t step() const { return step_; }
+
+  // How long waitFor() spins before it yields: for callers that spin on a word of their own.
+  uint64_t spinNs() const { return l_.spinNs; }
 
   // Advances this rank's step, publishing every write made before it.
   void post() {

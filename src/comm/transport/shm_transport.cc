@@ -107,6 +107,7 @@ struct SegmentLayout {
   int size = 0;
   size_t slotBytes = 0, slotStride = 0, ringBytes = 0;
   size_t peers = 0, steps = 0, doorbells = 0, headers = 0, ringControls = 0, rings = 0, slots = 0;
+  size_t smallSlots = 0;
   size_t total = 0;
 
   static SegmentLayout of(int size, size_t slotBytes, size_t ringBytes) {
@@ -130,7 +131,8 @@ struct SegmentLayout {
     l.rings = alignUp(at, kPage);
     at = l.rings + n * n * ringBytes;
     l.slots = alignUp(at, kPage);
-    l.total = l.slots + n * l.slotStride;
+    l.smallSlots = l.slots + n * l.slotStride;
+    l.total = l.smallSlots + 2 * n * SharedArena::kSmallSlotBytes;
     return l;
   }
 };
@@ -318,6 +320,7 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
     arena.spinNs = spinNs_;
     arena.yieldNs = yieldNs_;
     arena.monitor = this;
+    arena.smallSlots = base_ + layout_.smallSlots;
     arena_ = std::make_unique<SharedArena>(arena);
     inbound_ = std::vector<Inbound>(size_);
     outbound_ = std::vector<Outbound>(size_);

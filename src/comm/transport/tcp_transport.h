@@ -16,9 +16,9 @@ namespace hetra::comm {
 // HETRA_TCP_RATE_LIMIT as bytes per second (0: unlimited); ConfigError when malformed.
 uint64_t tcpRateLimitFromEnvironment();
 
-// "0", "125000000", "125MB", "1gbit", "20MB/s", "512KiB" to bytes per second: decimal units
-// (k/M/G = 1000^n) with B for bytes and bit for bits, binary ones as KiB/MiB/GiB. ConfigError
-// naming `source` and the value when malformed.
+// HETRA_TCP_RATE_LIMIT's text ("0", "125000000", "125MB", "1gbit", "20MB/s", "512KiB") to bytes
+// per second, as hetra::parseRate reads it, at most 1PB/s; ConfigError naming `source` and the value
+// when malformed.
 uint64_t parseRate(const std::string& text, const std::string& source);
 
 struct TcpOptions {

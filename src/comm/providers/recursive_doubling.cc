@@ -1,0 +1,42 @@
+// Provider "recursive-doubling": the tiny-message allreduce of algorithms/small_tcp.h over any
+// Transport: ceil(log2 n) exchanges (two more when n is not a power of two) of one fixed-size
+// envelope that carries the header beside the data, where the ring needs a header round and
+// 2 (n-1) steps.
+#include <bit>
+
+#include "comm/algorithms/small_tcp.h"
+#include "comm/providers/provider.h"
+#include "common/errors.h"
+
+namespace hetra::comm {
+namespace {
+
+class RecursiveDoublingProvider final : public Provider {
+ public:
+  const char* name() const override { return "recursive-doubling"; }
+  ProviderTraits traits() const override {
+    ProviderTraits t;
+    t.ops = bitOf(OpKind::Allreduce);
+    return t;
+  }
+  std::string whyNot(const Operation& op, const GroupFacts&) const override {
+    if (op.bytes > recursiveDoublingCapacity())
+      return str(op.bytes, " bytes do not fit its envelope (", recursiveDoublingCapacity(), ")");
+    return "";
+  }
+  double seconds(const Operation& op, const GroupFacts& group) const override {
+    return recursiveDoublingSeconds(op.bytes, group.size, group.link.latencySeconds,
+                                    group.link.bytesPerSecond);
+  }
+  void allreduce(const GroupFacts& g, const Operation&, const AllreduceArgs& a) override {
+    allreduceRecursiveDoubling(*g.transport, a);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Provider> makeRecursiveDoublingProvider() {
+  return std::make_shared<RecursiveDoublingProvider>();
+}
+
+}  // namespace hetra::comm

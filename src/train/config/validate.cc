@@ -1,0 +1,235 @@
+// The checks between keys, one function per rule, in the order checkBetweenKeys runs them: the
+// devices first (the other rules count them), then training, model, topology, hosts and elastic.
+#include "train/config/validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "common/errors.h"
+#include "train/config/schema.h"
+#include "train/dataset_geometry.h"
+
+namespace hetra::train::cfg {
+namespace {
+
+using Warnings = std::vector<std::string>;
+
+// What the rules share: the config and where its keys came from.
+struct Check {
+  const RunConfig& c;
+  const Locate& locate;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& value,
+                         const std::string& what) const {
+    throw ConfigError(str(prefixed(locate(key)), key, " = ", value, ": ", what));
+  }
+};
+
+std::string deviceKey(size_t i, const std::string& leaf) {
+  return str("devices[", i, "].", leaf);
+}
+
+void checkHasDevices(const RunConfig& c, const std::string& sourceName) {
+  if (c.devices.empty())
+    throw ConfigError(str(prefixed(sourceName),
+                          "no devices: add one [[devices]] table per rank, e.g.\n  [[devices]]\n"
+                          "  kind = \"cpu\"\n  threads = 1"));
+}
+
+// A device kind this build cannot train on is refused, never run on the CPU in its place.
+void checkKindsAllowed(const Check& check, const Capabilities& caps) {
+  for (size_t i = 0; i < check.c.devices.size(); ++i) {
+    const std::string& kind = check.c.devices[i].kind;
+    const std::string key = deviceKey(i, "kind");
+    if (kind == "cuda" && !caps.cuda && caps.cudaBuild)
+      check.fail(key, quote(kind),
+                 "training on CUDA devices is not implemented yet: this CUDA build has the NCCL "
+                 "transport and the codec kernels, but the trainer computes on the CPU (use "
+                 "kind = \"cpu\")");
+    if (kind == "cuda" && !caps.cuda)
+      check.fail(key, quote(kind),
+                 "this hetra was not built with CUDA support (build with -DHETRA_WITH_CUDA=ON)");
+    if (kind == "rocm" && !caps.rocm)
+      check.fail(key, quote(kind),
+                 "ROCm devices are not supported yet: hetra has no ROCm code (HETRA_WITH_ROCM=ON "
+                 "is refused at configure time)");
+  }
+}
+
+// Only GPUs have an index, and one rank uses a GPU.
+void checkGpuIndices(const Check& check) {
+  std::map<std::pair<std::string, int64_t>, size_t> gpus;
+  for (size_t i = 0; i < check.c.devices.size(); ++i) {
+    const DeviceConfig& d = check.c.devices[i];
+    if (d.kind == "cpu" && d.index >= 0)
+      check.fail(deviceKey(i, "index"), std::to_string(d.index),
+                 "only cuda and rocm devices have an index (this one is kind = \"cpu\")");
+    if (d.kind == "cpu") continue;
+    auto [it, fresh] = gpus.insert({{d.kind, d.index}, i});
+    if (!fresh)
+      check.fail(deviceKey(i, "index"), std::to_string(d.index),
+                 str("already used by devices[", it->second, "] (one rank per GPU)"));
+  }
+}
+
+void checkUniqueNames(const Check& check) {
+  std::map<std::string, size_t> names;
+  for (size_t i = 0; i < check.c.devices.size(); ++i) {
+    auto [it, fresh] = names.insert({check.c.devices[i].name, i});
+    if (!fresh)
+      check.fail(deviceKey(i, "name"), quote(check.c.devices[i].name),
+                 str("already used by devices[", it->second, "]; names must be unique"));
+  }
+}
+
+// The reader checks the range; a config built in code reaches here without it.
+void checkSlowdowns(const Check& check) {
+  for (size_t i = 0; i < check.c.devices.size(); ++i)
+    if (check.c.devices[i].slowdown < 1)
+      check.fail(deviceKey(i, "slowdown"), formatDouble(check.c.devices[i].slowdown),
+                 "out of range: must be >= 1");
+}
+
+// An emulated cpu device keeps threads / slowdown cores busy (at its fastest over the schedule):
+// more than the process may use skews the timings the balancer measures.
+void warnOversubscription(const RunConfig& c, const Capabilities& caps, Warnings& warnings) {
+  double dutyCycles = 0;
+  for (const auto& d : c.devices) {
+    if (d.kind != "cpu") continue;
+    double fastest = d.slowdown;
+    for (const auto& change : d.slowdownSchedule) fastest = std::min(fastest, change.factor);
+    dutyCycles += double(d.threads) / std::max(1.0, fastest);
+  }
+  if (caps.cores > 0 && dutyCycles > caps.cores + 1e-9)
+    warnings.push_back(str("the cpu devices keep about ",
+                           formatBound(std::round(dutyCycles * 100) / 100),
+                           " cores busy (sum of threads / slowdown) but this process may use ",
+                           caps.cores, ": ranks will compete for CPU and timings will be skewed"));
+}
+
+void checkTrainLength(const Check& check) {
+  const TrainConfig& t = check.c.train;
+  if (t.globalBatch < int64_t(check.c.devices.size()))
+    check.fail("train.global_batch", std::to_string(t.globalBatch),
+               str("below the number of devices (", check.c.devices.size(),
+                   "): every device needs at least one sample per step"));
+  if (t.steps == 0 && t.epochs <= 0)
+    check.fail("train.epochs", formatDouble(t.epochs),
+               "nothing to train: set train.epochs > 0 or train.steps > 0");
+}
+
+void checkOptimizerOptions(const Check& check, Warnings& warnings) {
+  const TrainConfig& t = check.c.train;
+  if (t.nesterov && (t.optimizer != "sgd" || t.momentum <= 0))
+    check.fail("train.nesterov", "true",
+               str("needs train.optimizer = \"sgd\" and train.momentum > 0 (they are ",
+                   quote(t.optimizer), " and ", formatDouble(t.momentum), ")"));
+  if (t.optimizer != "sgd" && t.momentum != 0)
+    warnings.push_back(str("train.momentum = ", formatDouble(t.momentum), " is ignored by ",
+                           "train.optimizer = ", quote(t.optimizer)));
+  if (t.steps > 0 && t.warmupSteps >= t.steps)
+    warnings.push_back(str("train.warmup_steps = ", t.warmupSteps,
+                           " covers the whole run (train.steps = ", t.steps, ")"));
+}
+
+// The features of one sample, from the dataset itself (datasetGeometry); a dataset that cannot be
+// read is named at data.path, since training could not start either.
+int64_t sampleFeatures(const Check& check) {
+  const DataConfig& data = check.c.data;
+  try {
+    return datasetGeometry(data).features();
+  } catch (const IoError& e) {
+    check.fail("data.path", quote(data.path),
+               str("cannot read the shape of the ", data.name, " samples: ", e.what()));
+  }
+}
+
+void checkModelFitsData(const Check& check) {
+  const ModelConfig& m = check.c.model;
+  if (m.name == "cnn" && m.channels.empty())
+    check.fail("model.channels", "[]", "a cnn needs at least one conv block, e.g. [32, 64]");
+  if (m.name != "transformer") return;
+  if (m.dim % m.heads != 0)
+    check.fail("model.heads", std::to_string(m.heads), str("must divide model.dim = ", m.dim));
+  const int64_t features = sampleFeatures(check);
+  if (features % m.seqLen != 0)
+    check.fail("model.seq_len", std::to_string(m.seqLen),
+               str("must divide the input features (", features,
+                   " for data.name = ", quote(check.c.data.name), ")"));
+}
+
+void checkIslands(const Check& check) {
+  const auto& islands = check.c.topology.islands;
+  const size_t devices = check.c.devices.size();
+  if (islands.empty() || islands.size() == devices) return;
+  std::vector<std::string> ids;
+  for (int64_t id : islands) ids.push_back(std::to_string(id));
+  check.fail("topology.islands", "[" + join(ids, ", ") + "]",
+             str("has ", ids.size(), ids.size() == 1 ? " entry" : " entries", " for ", devices,
+                 " devices: give one island id per [[devices]] entry"));
+}
+
+// All devices name a host or none do, and a host's devices are listed together (mpirun's
+// --map-by slot places ranks in order, filling one host before the next).
+void checkHosts(const Check& check) {
+  const auto& devices = check.c.devices;
+  for (size_t i = 1; i < devices.size(); ++i) {
+    const std::string key = deviceKey(i, "host");
+    const std::string& host = devices[i].host;
+    if (host.empty() != devices[0].host.empty())
+      check.fail(key, quote(host),
+                 "name a host for every device or for none (devices[0].host is " +
+                     quote(devices[0].host) + ")");
+    if (host == devices[i - 1].host) continue;
+    for (size_t j = 0; j + 1 < i; ++j)
+      if (devices[j].host == host)
+        check.fail(key, quote(host),
+                   str("list the devices of one host together (devices[", j,
+                       "] is on it too, and devices[", i - 1, "] is not)"));
+  }
+}
+
+void checkCheckpoints(const Check& check) {
+  if (check.c.train.checkpointEvery > 0 && check.c.train.checkpointDir.empty())
+    check.fail("train.checkpoint_dir", "\"\"", "needed when train.checkpoint_every > 0");
+}
+
+void checkElastic(const Check& check) {
+  const RunConfig& c = check.c;
+  const std::string restarts = std::to_string(c.elastic.maxRestarts);
+  if (!c.devices.empty() && !c.devices[0].host.empty() && c.elastic.maxRestarts > 0)
+    check.fail("elastic.max_restarts", restarts,
+               "elastic restarts work for ranks on this host only, not with devices[i].host");
+  // A restart continues from this run's newest checkpoint: without checkpoints it would start over.
+  if (c.elastic.maxRestarts > 0 && c.train.checkpointEvery == 0)
+    check.fail("elastic.max_restarts", restarts,
+               "elastic restarts resume from a checkpoint: set train.checkpoint_every > 0 too");
+  if (c.elastic.minDevices > int64_t(c.devices.size()))
+    check.fail("elastic.min_devices", std::to_string(c.elastic.minDevices),
+               str("more than the ", c.devices.size(), " devices listed"));
+}
+
+}  // namespace
+
+std::vector<std::string> checkBetweenKeys(const RunConfig& config, const Capabilities& caps,
+                                          const Locate& locate, const std::string& sourceName) {
+  Warnings warnings;
+  const Check check{config, locate};
+  checkHasDevices(config, sourceName);
+  checkKindsAllowed(check, caps);
+  checkGpuIndices(check);
+  checkUniqueNames(check);
+  checkSlowdowns(check);
+  warnOversubscription(config, caps, warnings);
+  checkTrainLength(check);
+  checkOptimizerOptions(check, warnings);
+  checkModelFitsData(check);
+  checkIslands(check);
+  checkHosts(check);
+  checkCheckpoints(check);
+  checkElastic(check);
+  return warnings;
+}
+
+}  // namespace hetra::train::cfg
