@@ -114,12 +114,13 @@ class Provider {
   virtual ~Provider() = default;
   virtual const char* name() const = 0;
   virtual ProviderTraits traits() const = 0;
-  // "" when the provider can run `op` in this group beyond what traits() declares (e.g. it fits
-  // the arena's slots), else why not. Called only for operations the traits allow.
-  virtual std::string whyNot(const Operation& op, const GroupFacts& group) const {
+  // Null when the provider can run `op` in this group beyond what traits() declares (e.g. it
+  // fits the arena's slots), else why not, as a static text (the choice runs for every operation
+  // and must not allocate). Called only for operations the traits allow.
+  virtual const char* whyNot(const Operation& op, const GroupFacts& group) const {
     (void)op;
     (void)group;
-    return "";
+    return nullptr;
   }
   // Predicted seconds of `op` in this group.
   virtual double seconds(const Operation& op, const GroupFacts& group) const = 0;

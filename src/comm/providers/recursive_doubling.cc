@@ -6,7 +6,6 @@
 
 #include "comm/algorithms/small_tcp.h"
 #include "comm/providers/provider.h"
-#include "common/errors.h"
 
 namespace hetra::comm {
 namespace {
@@ -19,10 +18,9 @@ class RecursiveDoublingProvider final : public Provider {
     t.ops = bitOf(OpKind::Allreduce);
     return t;
   }
-  std::string whyNot(const Operation& op, const GroupFacts&) const override {
-    if (op.bytes > recursiveDoublingCapacity())
-      return str(op.bytes, " bytes do not fit its envelope (", recursiveDoublingCapacity(), ")");
-    return "";
+  const char* whyNot(const Operation& op, const GroupFacts&) const override {
+    return op.bytes <= recursiveDoublingCapacity() ? nullptr
+                                                   : "the operation does not fit its envelope";
   }
   double seconds(const Operation& op, const GroupFacts& group) const override {
     return recursiveDoublingSeconds(op.bytes, group.size, group.link.latencySeconds,

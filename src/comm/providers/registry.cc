@@ -141,15 +141,17 @@ ForcedProviders parseForcedProviders(const std::string& text) {
   return forced;
 }
 
-std::string whyNotQualified(const Provider& provider, const Operation& op,
-                            const GroupFacts& group) {
+namespace {
+
+// Why `provider` cannot run `op` in `group`, or null when it can. Static texts: the choice runs for
+// every operation and must not allocate.
+const char* refusal(const Provider& provider, const Operation& op, const GroupFacts& group) {
   const ProviderTraits t = provider.traits();
-  if (!(t.ops & bitOf(op.kind))) return str("it has no ", opKindName(op.kind));
+  if (!(t.ops & bitOf(op.kind))) return "it does not have this operation";
   const bool reduces = op.kind == OpKind::Allreduce || op.kind == OpKind::ReduceScatter;
   if (op.kind != OpKind::Barrier && !(t.dtypes & bitOf(op.dtype)))
-    return str("it does not take ", dtypeName(op.dtype));
-  if (reduces && !(t.reduceOps & bitOf(op.op)))
-    return str("it does not reduce with ", reduceOpName(op.op));
+    return "it does not take this dtype";
+  if (reduces && !(t.reduceOps & bitOf(op.op))) return "it does not reduce with this op";
   if (!(t.places & bitOf(op.place))) return "it cannot reach buffers where these live";
   if (op.codec && !t.compressed) return "it does not compress, and the operation asks to";
   if (!op.codec && !t.exact) return "it only compresses, and the operation is exact";
@@ -169,34 +171,40 @@ std::string whyNotQualified(const Provider& provider, const Operation& op,
   return provider.whyNot(op, group);
 }
 
+}  // namespace
+
+std::string whyNotQualified(const Provider& provider, const Operation& op,
+                            const GroupFacts& group) {
+  const char* why = refusal(provider, op, group);
+  return why ? why : "";
+}
+
 uint8_t chooseProvider(const Operation& op, const GroupFacts& group,
                        const ForcedProviders& forced) {
-  const auto& all = providers();
+  const auto all = providers();
   if (const uint8_t id = forced.byKind[size_t(op.kind)]) {
-    const std::string why = whyNotQualified(*all[id - 1], op, group);
-    if (!why.empty())
+    if (const char* why = refusal(*all[id - 1], op, group))
       throw ConfigError(str("HETRA_ALGO='", forced.text, "': provider '", all[id - 1]->name(),
-                            "' cannot run this ", opKindName(op.kind), ": ", why));
+                            "' cannot run this ", opKindName(op.kind), " of ", op.bytes,
+                            " bytes of ", dtypeName(op.dtype), ": ", why));
     return id;
   }
   uint8_t best = 0;
   double bestSeconds = 0;
-  std::string reasons;
   for (size_t i = 0; i < all.size(); ++i) {
-    const std::string why = whyNotQualified(*all[i], op, group);
-    if (!why.empty()) {
-      reasons += str("; ", all[i]->name(), ": ", why);
-      continue;
-    }
+    if (refusal(*all[i], op, group)) continue;
     const double seconds = all[i]->seconds(op, group);
     if (best == 0 || seconds < bestSeconds) {
       best = uint8_t(i + 1);
       bestSeconds = seconds;
     }
   }
-  if (best == 0)
+  if (best == 0) {
+    std::string reasons;
+    for (const auto& p : all) reasons += str("; ", p->name(), ": ", refusal(*p, op, group));
     throw ConfigError(str("no provider can run this ", opKindName(op.kind), " of ", op.bytes,
                           " bytes of ", dtypeName(op.dtype), reasons));
+  }
   return best;
 }
 

@@ -5,7 +5,6 @@
 #include "comm/algorithms/small_shared.h"
 #include "comm/providers/provider.h"
 #include "comm/transport/shared_arena.h"
-#include "common/errors.h"
 
 namespace hetra::comm {
 namespace {
@@ -22,10 +21,9 @@ class SmallSharedProvider final : public Provider {
   }
   // An allgather's blocks may be uneven and the operation names only its total, which every rank
   // knows alike: the total must fit (so the largest block does).
-  std::string whyNot(const Operation& op, const GroupFacts& group) const override {
-    if (!smallSharedFits(*group.arena, op.bytes))
-      return str(op.bytes, " bytes do not fit its slots (", smallSharedCapacity(), " per rank)");
-    return "";
+  const char* whyNot(const Operation& op, const GroupFacts& group) const override {
+    return smallSharedFits(*group.arena, op.bytes) ? nullptr
+                                                   : "the operation does not fit its small slots";
   }
   double seconds(const Operation& op, const GroupFacts& group) const override {
     const double n = group.size, bytes = double(op.bytes);
