@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -31,8 +32,10 @@
 #include <unordered_map>
 
 #include "comm/transport/abort_record.h"
+#include "comm/transport/tag_matcher.h"
 #include "comm/transport/tcp_transport.h"
 #include "comm/transport/tcp_wire.h"
+#include "comm/transport/wait_schedule.h"
 #include "common/bytes.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -47,6 +50,14 @@ namespace hetra::comm::tcp {
 constexpr Millis kRecordGrace{500};
 // A request that waits this long reads the group's abort record, and again at this interval.
 constexpr Millis kProbeInterval{200};
+// A wait polls its connections for this long before it blocks in epoll_wait (the schedule of
+// wait_schedule.h): long enough to catch a small message's reply over loopback or a LAN, short
+// enough that a rank waiting for a slow peer soon leaves the core to others.
+constexpr WaitSchedule kWaitSchedule{std::chrono::microseconds(50), std::chrono::microseconds(50)};
+// Waits in a row whose spin ended without the message before waits stop spinning; then every
+// kSpinRetryEvery-th wait spins again, to notice when spinning pays again.
+constexpr int kMaxSpinMisses = 4;
+constexpr uint32_t kSpinRetryEvery = 64;
 // Per-connection read buffer: small frames are read many per system call.
 constexpr size_t kStageBytes = 64 << 10;
 // Messages nobody has posted a receive for yet, over all peers.
@@ -148,8 +159,7 @@ struct Peer {
   bool paused = false;  // a frame has neither: not read until a receive is posted or memory frees
   bool dead = false;    // the connection dropped; no longer polled
   bool closed = false;  // the peer sent Close: its end of the stream is not a fault
-  std::unordered_map<uint64_t, std::deque<TcpRequest*>> posted;
-  std::unordered_map<uint64_t, std::deque<std::shared_ptr<Unexpected>>> arrived;
+  TagMatcher<TcpRequest*, std::shared_ptr<Unexpected>> matcher;
 };
 
 class TcpTransport final : public Transport {
@@ -247,6 +257,8 @@ class TcpTransport final : public Transport {
   bool formed_ = false;  // every peer connected: later connections are strangers
   bool driving_ = false;
   int followers_ = 0;
+  int spinMisses_ = 0;  // see wait()
+  uint32_t waitsWithoutSpin_ = 0;
   std::optional<TokenBucket> bucket_;
   bool throttled_ = false;
   size_t unexpectedBytes_ = 0;
