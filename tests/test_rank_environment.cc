@@ -74,79 +74,70 @@ TEST(RankEnvironment, NoLauncherMeansNoRank) {
   EXPECT_FALSE(rankFromEnvironment().has_value());
 }
 
+// What one launcher's variables describe.
+struct Flavour {
+  std::vector<std::pair<const char*, const char*>> vars;
+  RankContext expected;
+};
+
 TEST(RankEnvironment, EachLauncherFlavour) {
-  {
+  auto context = [](const char* launcher, int rank, int size, int local, const char* store,
+                    bool external = false, const char* jobId = "job") {
+    return RankContext{rank, size, local, store, external, jobId, launcher};
+  };
+  const std::vector<Flavour> flavours = {
+      {{{"HETRA_RANK", "2"},
+        {"HETRA_WORLD_SIZE", "5"},
+        {"HETRA_LOCAL_RANK", "1"},
+        {"HETRA_STORE", "10.0.0.7:4100"},
+        {"HETRA_STORE_EXTERNAL", "1"},
+        {"HETRA_JOB_ID", "j7"}},
+       context("hetra", 2, 5, 1, "10.0.0.7:4100", true, "j7")},
+      {{{"RANK", "3"},
+        {"WORLD_SIZE", "4"},
+        {"LOCAL_RANK", "1"},
+        {"MASTER_ADDR", "10.9.8.7"},
+        {"MASTER_PORT", "29500"}},
+       context("torchrun", 3, 4, 1, "10.9.8.7:29501")},  // MASTER_PORT is torch's: the next one
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "65535"}},
+       context("torchrun", 0, 2, 0, "h:65534")},  // no port above it: the one below
+      {{{"RANK", "1"},
+        {"WORLD_SIZE", "2"},
+        {"MASTER_ADDR", "h"},
+        {"MASTER_PORT", "29500"},
+        {"HETRA_MASTER_PORT", "4100"}},
+       context("torchrun", 1, 2, 0, "h:4100")},  // an explicit port wins
+      {{{"OMPI_COMM_WORLD_RANK", "3"},
+        {"OMPI_COMM_WORLD_SIZE", "7"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+        {"HETRA_STORE", "h0:4101"}},
+       context("openmpi", 3, 7, 1, "h0:4101")},
+      {{{"SLURM_PROCID", "4"},
+        {"SLURM_NTASKS", "9"},
+        {"SLURM_LOCALID", "2"},
+        {"MASTER_ADDR", "10.1.2.3"},
+        {"MASTER_PORT", "4242"}},
+       context("slurm", 4, 9, 2, "10.1.2.3:4243")},
+      {{{"PMI_RANK", "1"},
+        {"PMI_SIZE", "3"},
+        {"MPI_LOCALRANKID", "1"},
+        {"HETRA_MASTER_ADDR", "node17"},
+        {"MASTER_ADDR", "ignored"}},              // HETRA_MASTER_ADDR first
+       context("pmi", 1, 3, 1, "node17:29431")},  // the documented default port
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}},
+       context("slurm", 0, 1, 0, "")},  // one rank needs no store
+  };
+  for (const auto& flavour : flavours) {
     CleanEnvironment env;
-    env.set("HETRA_RANK", "2");
-    env.set("HETRA_WORLD_SIZE", "5");
-    env.set("HETRA_LOCAL_RANK", "1");
-    env.set("HETRA_STORE", "10.0.0.7:4100");
-    env.set("HETRA_STORE_EXTERNAL", "1");
-    env.set("HETRA_JOB_ID", "j7");
+    for (const auto& [name, value] : flavour.vars) env.set(name, value);
     const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->launcher, "hetra");
-    EXPECT_EQ(c->rank, 2);
-    EXPECT_EQ(c->worldSize, 5);
-    EXPECT_EQ(c->localRank, 1);
-    EXPECT_EQ(c->storeAddress, "10.0.0.7:4100");
-    EXPECT_TRUE(c->storeExternal);
-    EXPECT_EQ(c->jobId, "j7");
-  }
-  {
-    CleanEnvironment env;
-    env.set("OMPI_COMM_WORLD_RANK", "3");
-    env.set("OMPI_COMM_WORLD_SIZE", "7");
-    env.set("OMPI_COMM_WORLD_LOCAL_RANK", "1");
-    env.set("HETRA_STORE", "h0:4101");
-    const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->launcher, "openmpi");
-    EXPECT_EQ(c->rank, 3);
-    EXPECT_EQ(c->worldSize, 7);
-    EXPECT_EQ(c->localRank, 1);
-    EXPECT_EQ(c->storeAddress, "h0:4101");
-    EXPECT_FALSE(c->storeExternal);
-  }
-  {
-    CleanEnvironment env;
-    env.set("SLURM_PROCID", "4");
-    env.set("SLURM_NTASKS", "9");
-    env.set("SLURM_LOCALID", "2");
-    env.set("MASTER_ADDR", "10.1.2.3");
-    env.set("MASTER_PORT", "4242");
-    const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->launcher, "slurm");
-    EXPECT_EQ(c->rank, 4);
-    EXPECT_EQ(c->worldSize, 9);
-    EXPECT_EQ(c->localRank, 2);
-    EXPECT_EQ(c->storeAddress, "10.1.2.3:4243");  // MASTER_PORT is torch's: the next one
-  }
-  {
-    CleanEnvironment env;
-    env.set("PMI_RANK", "1");
-    env.set("PMI_SIZE", "3");
-    env.set("MPI_LOCALRANKID", "1");
-    env.set("HETRA_MASTER_ADDR", "node17");
-    env.set("MASTER_ADDR", "ignored");  // HETRA_MASTER_ADDR first
-    const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->launcher, "pmi");
-    EXPECT_EQ(c->rank, 1);
-    EXPECT_EQ(c->worldSize, 3);
-    EXPECT_EQ(c->localRank, 1);
-    EXPECT_EQ(c->storeAddress, "node17:29431");  // the documented default port
-  }
-  {
-    CleanEnvironment env;  // one rank needs no store
-    env.set("SLURM_PROCID", "0");
-    env.set("SLURM_NTASKS", "1");
-    const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->worldSize, 1);
-    EXPECT_EQ(c->localRank, 0);
-    EXPECT_EQ(c->storeAddress, "");
+    ASSERT_TRUE(c) << flavour.vars[0].first;
+    const RankContext& e = flavour.expected;
+    EXPECT_EQ(std::tie(c->launcher, c->rank, c->worldSize, c->localRank, c->storeAddress,
+                       c->storeExternal, c->jobId),
+              std::tie(e.launcher, e.rank, e.worldSize, e.localRank, e.storeAddress,
+                       e.storeExternal, e.jobId))
+        << flavour.vars[0].first;
   }
 }
 
@@ -220,27 +211,6 @@ TEST(RankEnvironment, IncompleteOrInconsistentIsRefusedByName) {
   }
 }
 
-TEST(RankEnvironment, Torchrun) {
-  CleanEnvironment env;
-  env.set("RANK", "3");
-  env.set("WORLD_SIZE", "4");
-  env.set("LOCAL_RANK", "1");
-  env.set("MASTER_ADDR", "10.9.8.7");
-  env.set("MASTER_PORT", "29500");
-  const auto c = rankFromEnvironment();
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->launcher, "torchrun");
-  EXPECT_EQ(c->rank, 3);
-  EXPECT_EQ(c->worldSize, 4);
-  EXPECT_EQ(c->localRank, 1);
-  EXPECT_EQ(c->storeAddress, "10.9.8.7:29501");
-  EXPECT_FALSE(c->storeExternal);   // rank 0 serves hetra's store
-  env.set("MASTER_PORT", "65535");  // no port above it: the one below
-  EXPECT_EQ(rankFromEnvironment()->storeAddress, "10.9.8.7:65534");
-  env.set("HETRA_MASTER_PORT", "4100");  // an explicit port wins
-  EXPECT_EQ(rankFromEnvironment()->storeAddress, "10.9.8.7:4100");
-}
-
 // A socket listening on a free loopback port, as torch's store does on MASTER_PORT.
 class Listener {
  public:
@@ -294,10 +264,10 @@ TEST(RankEnvironment, EachRankIsDescribedAsDiscoveryReadsIt) {
     for (const auto& [name, value] : variables) env.set(name.c_str(), value);
   const auto c = rankFromEnvironment();
   ASSERT_TRUE(c);
-  EXPECT_EQ(std::tie(c->launcher, c->rank, c->worldSize, c->localRank, c->storeAddress, c->jobId),
-            std::make_tuple(std::string("hetra"), 2, 3, 1, std::string("127.0.0.1:4000"),
+  EXPECT_EQ(std::tie(c->launcher, c->rank, c->worldSize, c->localRank, c->storeAddress,
+                     c->storeExternal, c->jobId),
+            std::make_tuple(std::string("hetra"), 2, 3, 1, std::string("127.0.0.1:4000"), true,
                             std::string("job-x")));
-  EXPECT_TRUE(c->storeExternal);
 }
 
 TEST(RankEnvironment, ListenAddress) {
