@@ -72,6 +72,7 @@
 #include <vector>
 
 #include "comm/transport/mpi_runtime.h"
+#include "comm/transport/peer_request.h"
 #include "comm/transport/tag_matcher.h"
 #include "comm/transport/wait_schedule.h"
 #include "common/bytes.h"
@@ -96,28 +97,13 @@ constexpr auto kSleepSlice = std::chrono::microseconds(100);
 
 class MpiTransport;
 
-class MpiRequest final : public Request {
+class MpiRequest final : public PeerRequest<MpiRequest, MpiTransport> {
  public:
-  MpiRequest(MpiTransport& transport, bool isSend, int peer, uint64_t tag, uint8_t* data,
-             size_t bytes)
-      : transport_(transport),
-        isSend_(isSend),
-        peer_(peer),
-        tag_(tag),
-        data_(data),
-        bytes_(bytes) {}
+  using PeerRequest::PeerRequest;
   ~MpiRequest() override;
-  void wait(Deadline deadline) override;
-  std::string describe() const;
 
  private:
   friend class MpiTransport;
-  MpiTransport& transport_;
-  const bool isSend_;
-  const int peer_;
-  const uint64_t tag_;
-  uint8_t* const data_;
-  const size_t bytes_;
   // Guarded by the transport's mutex.
   std::vector<MPI_Request> mpi_;    // sends: envelope then data chunks; receives: data chunks
   std::vector<size_t> chunkBytes_;  // receives: the expected size of each data chunk
@@ -235,15 +221,6 @@ class MpiTransport final : public Transport {
 };
 
 // --- MpiRequest ---
-
-std::string MpiRequest::describe() const {
-  return str(isSend_ ? "send of " : "receive of ", bytes_, " bytes ", isSend_ ? "to " : "from ",
-             transport_.who(peer_), " (tag ", tag_, ")");
-}
-
-void MpiRequest::wait(Deadline deadline) {
-  transport_.wait(*this, deadline);
-}
 
 MpiRequest::~MpiRequest() {
   transport_.release(*this);

@@ -32,6 +32,7 @@
 #include <unordered_map>
 
 #include "comm/transport/abort_record.h"
+#include "comm/transport/peer_request.h"
 #include "comm/transport/tag_matcher.h"
 #include "comm/transport/tcp_transport.h"
 #include "comm/transport/tcp_wire.h"
@@ -101,28 +102,13 @@ class TokenBucket {
 
 class TcpTransport;
 
-class TcpRequest final : public Request {
+class TcpRequest final : public PeerRequest<TcpRequest, TcpTransport> {
  public:
-  TcpRequest(TcpTransport& transport, bool isSend, int peer, uint64_t tag, uint8_t* data,
-             size_t bytes)
-      : transport_(transport),
-        isSend_(isSend),
-        peer_(peer),
-        tag_(tag),
-        data_(data),
-        bytes_(bytes) {}
+  using PeerRequest::PeerRequest;
   ~TcpRequest() override;
-  void wait(Deadline deadline) override;
-  std::string describe() const;
 
  private:
   friend class TcpTransport;
-  TcpTransport& transport_;
-  const bool isSend_;
-  const int peer_;
-  const uint64_t tag_;
-  uint8_t* const data_;
-  const size_t bytes_;
   // Guarded by the transport's mutex.
   uint8_t header_[kTcpFrameHeaderBytes] = {};  // sends: the frame header
   size_t progress_ = 0;  // sends: header + payload bytes written; receives: payload bytes read

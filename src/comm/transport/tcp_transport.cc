@@ -55,15 +55,6 @@ namespace tcp {
 
 // --- TcpRequest ---
 
-std::string TcpRequest::describe() const {
-  return str(isSend_ ? "send of " : "receive of ", bytes_, " bytes ", isSend_ ? "to " : "from ",
-             transport_.who(peer_), " (tag ", tag_, ")");
-}
-
-void TcpRequest::wait(Deadline deadline) {
-  transport_.wait(*this, deadline);
-}
-
 TcpRequest::~TcpRequest() {
   transport_.release(*this);
 }
