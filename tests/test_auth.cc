@@ -96,6 +96,16 @@ bool closedByPeer(int fd, Millis timeout) {
   return false;
 }
 
+// Reads what has arrived, without waiting: false once the peer has closed the connection.
+bool stillOpen(int fd) {
+  uint8_t buffer[256];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+}
+
 void sendGarbage(int fd) {
   const std::string garbage = "GET / HTTP/1.1\r\nHost: hetra\r\n\r\n";
   ASSERT_GT(::send(fd, garbage.data(), garbage.size(), MSG_NOSIGNAL), 0);
@@ -226,24 +236,23 @@ TEST(Handshake, GarbageAndSilenceAreRefusedWithinTheDeadline) {
   int fds[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
   sendGarbage(fds[0]);
-  auto start = Clock::now();
   try {
     auth::authenticate(fds[1], secret, Role::Server, "ctx", deadlineAfter(Millis(5000)), "x");
     ADD_FAILURE() << "garbage passed the handshake";
   } catch (const AuthError& e) {
+    // Refused for what it sent, not at the 5 s deadline.
     EXPECT_NE(std::string(e.what()).find("not a hetra handshake"), std::string::npos) << e.what();
   }
-  EXPECT_LT(secondsSince(start), 1.0);
   ::close(fds[0]);
   ::close(fds[1]);
 
+  // Silence: refused at the deadline (the only thing that can end it), not before.
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
-  start = Clock::now();
+  const auto start = Clock::now();
   EXPECT_THROW(
       auth::authenticate(fds[1], secret, Role::Server, "ctx", deadlineAfter(Millis(300)), "x"),
       AuthError);
   EXPECT_GE(secondsSince(start), 0.29);
-  EXPECT_LT(secondsSince(start), 2.0);
   ::close(fds[0]);
   ::close(fds[1]);
 }
@@ -260,7 +269,7 @@ TEST(Handshake, ReflectedHelloIsRefused) {
 
 TEST(StoreAuth, RightSecretServesWrongSecretAndStrangersAreRefused) {
   const JobSecret secret = newSecret();
-  store::TcpStoreServer server("127.0.0.1", 0, withSecret(secret, Millis(1000)));
+  store::TcpStoreServer server("127.0.0.1", 0, withSecret(secret, Millis(3000)));
   store::TcpStore good("127.0.0.1", server.port(), Millis(5000), withSecret(secret));
   good.setString("k", "v");
 
@@ -279,20 +288,20 @@ TEST(StoreAuth, RightSecretServesWrongSecretAndStrangersAreRefused) {
   EXPECT_TRUE(closedByPeer(garbage, Millis(3000)));
   ::close(garbage);
 
-  // A stranger that connects and says nothing stalls nobody, and is dropped at its deadline.
+  // A stranger that connects and says nothing stalls nobody: others are served while it is still
+  // connected (its handshake pending), and it is dropped at its deadline.
   const int silent = connectRaw(server.port());
-  const auto start = Clock::now();
   store::TcpStore other("127.0.0.1", server.port(), Millis(5000), withSecret(secret));
   for (int i = 0; i < 50; ++i) other.setString(str("key", i), str(i));
   EXPECT_EQ(good.getString("key49", Millis(1000)), "49");
-  EXPECT_LT(secondsSince(start), 0.5);  // well before the silent one's 1000 ms deadline
-  EXPECT_TRUE(closedByPeer(silent, Millis(3000)));
+  EXPECT_TRUE(stillOpen(silent)) << "the silent stranger was dropped before the others were served";
+  EXPECT_TRUE(closedByPeer(silent, Millis(10000)));
   ::close(silent);
   const std::string log = testing::internal::GetCapturedStderr();
 
   EXPECT_NE(log.find("does not know the job secret"), std::string::npos) << log;
   EXPECT_NE(log.find("not a hetra handshake"), std::string::npos) << log;
-  EXPECT_NE(log.find("did not authenticate within 1000 ms"), std::string::npos) << log;
+  EXPECT_NE(log.find("did not authenticate within 3000 ms"), std::string::npos) << log;
   EXPECT_NE(log.find("refused: "), std::string::npos) << log;
   EXPECT_NE(log.find("127.0.0.1:"), std::string::npos) << log;  // names the peer
   // The job's own clients were not disturbed.

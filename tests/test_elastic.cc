@@ -23,6 +23,7 @@
 #include "process_testing.h"
 
 #include "common/errors.h"
+#include "launch/elastic.h"
 #include "train/config.h"
 
 namespace {
@@ -388,5 +389,76 @@ TEST(Elastic, NoRestartWhenTooFewDevicesWouldRemain) {
 }
 
 #endif
+
+// ---- The restart policy (launch/elastic.h), without processes
+
+using hetra::launch::AttemptFailure;
+using hetra::launch::ElasticAttempt;
+using hetra::launch::ElasticPolicy;
+
+TEST(ElasticPolicy, ARestartLeavesTheFailedDeviceOutAndResumes) {
+  const ElasticAttempt first = hetra::launch::firstAttempt(4);
+  EXPECT_EQ(first.restart, 0);
+  EXPECT_EQ(first.devices, (std::vector<size_t>{0, 1, 2, 3}));
+  const ElasticPolicy policy{/*maxRestarts=*/2, /*minDevices=*/2};
+  EXPECT_EQ(whyNoRestart(policy, first, AttemptFailure{128 + SIGKILL, 1}), "");
+  const ElasticAttempt second = nextAttempt(first, 1, "/ckpt/step-40");
+  EXPECT_EQ(second.restart, 1);
+  EXPECT_EQ(second.devices, (std::vector<size_t>{0, 2, 3}));
+  EXPECT_EQ(second.resume, "/ckpt/step-40");
+  // Rank 2 of the second attempt runs device 3.
+  const ElasticAttempt third = nextAttempt(second, 2, "");
+  EXPECT_EQ(third.devices, (std::vector<size_t>{0, 2}));
+  EXPECT_EQ(third.restart, 2);
+}
+
+TEST(ElasticPolicy, NoRestartSaysWhy) {
+  const ElasticAttempt first = hetra::launch::firstAttempt(3);
+  const ElasticPolicy policy{/*maxRestarts=*/1, /*minDevices=*/2};
+  auto why = [&](const ElasticPolicy& p, const ElasticAttempt& a, int code, int rank) {
+    return whyNoRestart(p, a, AttemptFailure{code, rank});
+  };
+  EXPECT_EQ(why(ElasticPolicy{0, 1}, first, 1, 0),
+            "no elastic restart left (elastic.max_restarts = 0)");
+  EXPECT_EQ(why(policy, nextAttempt(first, 0, ""), 1, 0),
+            "no elastic restart left (elastic.max_restarts = 1)");
+  EXPECT_EQ(why(policy, first, 1, -1), "no rank is known to have failed");
+  EXPECT_EQ(why(policy, first, 1, 3), "no rank is known to have failed");
+  EXPECT_EQ(why(policy, first, 128 + SIGTERM, 0), "the run was stopped by a signal");
+  EXPECT_EQ(why(policy, first, 128 + SIGINT, 0), "the run was stopped by a signal");
+  EXPECT_EQ(why(policy, first, 2, 0),
+            "a configuration error is no device failure: a restart would fail the same way");
+  EXPECT_EQ(why(ElasticPolicy{1, 3}, first, 1, 0),
+            "only 2 devices would remain (elastic.min_devices = 3)");
+}
+
+TEST(ElasticPolicy, RanksReadTheirAttemptFromTheirEnvironment) {
+  ElasticAttempt attempt;
+  attempt.restart = 2;
+  attempt.devices = {3, 0, 5};
+  attempt.resume = "/ckpt/step-90";
+  const auto variables = attempt.environment();
+  for (const auto& [name, value] : variables) setenv(name.c_str(), value.c_str(), 1);
+  const ElasticAttempt read = hetra::launch::attemptFromEnvironment(6);
+  EXPECT_EQ(read.restart, 2);
+  EXPECT_EQ(read.devices, attempt.devices);
+  EXPECT_EQ(read.resume, "/ckpt/step-90");
+  // An index the config does not have is refused by name.
+  try {
+    hetra::launch::attemptFromEnvironment(5);
+    ADD_FAILURE() << "device 5 of 5 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("HETRA_ELASTIC_DEVICES=3,0,5: '5' is not an index of "
+                                         "the config's 5 devices"),
+              std::string::npos)
+        << e.what();
+  }
+  // The first attempt's environment names every device.
+  for (const auto& [name, value] : hetra::launch::firstAttempt(2).environment())
+    setenv(name.c_str(), value.c_str(), 1);
+  EXPECT_EQ(hetra::launch::attemptFromEnvironment(2).devices, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(hetra::launch::attemptFromEnvironment(2).restart, 0);
+  for (const auto& [name, value] : variables) unsetenv(name.c_str());
+}
 
 }  // namespace

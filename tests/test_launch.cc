@@ -1,7 +1,8 @@
-// The launcher: the rank environment of each launcher flavour (hetra, Open MPI, Slurm, PMI) and
-// its errors, `hetra launch`'s arguments and mpirun command line, local jobs run for real (exit
-// codes, a failed rank, a rank killed by a signal, SIGTERM passed on, no orphans when the launcher
-// is killed), and a real mpirun on this host when Open MPI is installed.
+// The launcher: `hetra launch`'s arguments and mpirun command line, local jobs run for real (each
+// rank's environment object, exit codes, a failed rank, a rank killed by a signal, SIGTERM passed
+// on, no orphans when the launcher is killed, a stopped hetra rank found by its heartbeat), and a
+// real mpirun on this host when Open MPI is installed. The rank environment of each launcher
+// flavour: test_rank_environment.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -17,8 +18,12 @@
 #include <sstream>
 #include <thread>
 
+#include "launch_testing.h"
+#include "process_testing.h"
+
 #include "common/errors.h"
-#include "launch.h"
+#include "launch/local_job.h"
+#include "launch/supervision.h"
 #include "launch_command.h"
 
 namespace {
@@ -26,198 +31,13 @@ namespace {
 namespace fs = std::filesystem;
 using namespace hetra;
 using namespace hetra::cli;
+using namespace hetra::launch;
 using Steady = std::chrono::steady_clock;
 
 const std::string kHetra = HETRA_BINARY;
 
-// Clears every variable a launcher may set for the duration of a test and restores them after.
-class CleanEnvironment {
- public:
-  CleanEnvironment() {
-    for (const char* name : kNames) {
-      if (const char* value = std::getenv(name)) saved_.emplace_back(name, value);
-      unsetenv(name);
-    }
-  }
-  ~CleanEnvironment() {
-    for (const char* name : kNames) unsetenv(name);
-    for (const auto& [name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
-  }
-  void set(const char* name, const std::string& value) { setenv(name, value.c_str(), 1); }
-
- private:
-  static constexpr const char* kNames[] = {"HETRA_RANK",
-                                           "HETRA_WORLD_SIZE",
-                                           "HETRA_LOCAL_RANK",
-                                           "HETRA_STORE",
-                                           "HETRA_STORE_EXTERNAL",
-                                           "HETRA_JOB_ID",
-                                           "HETRA_MASTER_ADDR",
-                                           "HETRA_MASTER_PORT",
-                                           "MASTER_ADDR",
-                                           "MASTER_PORT",
-                                           "OMPI_COMM_WORLD_RANK",
-                                           "OMPI_COMM_WORLD_SIZE",
-                                           "OMPI_COMM_WORLD_LOCAL_RANK",
-                                           "SLURM_PROCID",
-                                           "SLURM_NTASKS",
-                                           "SLURM_LOCALID",
-                                           "PMI_RANK",
-                                           "PMI_SIZE",
-                                           "MPI_LOCALRANKID",
-                                           "PMI_LOCAL_RANK"};
-  std::vector<std::pair<std::string, std::string>> saved_;
-};
-
-// The message of the ConfigError `fn` throws ("" when it throws none).
-template <typename Fn>
-std::string configError(Fn fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-TEST(RankEnvironment, NoLauncherMeansNoRank) {
-  CleanEnvironment env;
-  EXPECT_FALSE(rankFromEnvironment().has_value());
-}
-
-TEST(RankEnvironment, EachLauncherFlavour) {
-  {
-    CleanEnvironment env;
-    env.set("HETRA_RANK", "2");
-    env.set("HETRA_WORLD_SIZE", "5");
-    env.set("HETRA_LOCAL_RANK", "1");
-    env.set("HETRA_STORE", "10.0.0.7:4100");
-    env.set("HETRA_STORE_EXTERNAL", "1");
-    env.set("HETRA_JOB_ID", "j7");
-    const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->launcher, "hetra");
-    EXPECT_EQ(c->rank, 2);
-    EXPECT_EQ(c->worldSize, 5);
-    EXPECT_EQ(c->localRank, 1);
-    EXPECT_EQ(c->storeAddress, "10.0.0.7:4100");
-    EXPECT_TRUE(c->storeExternal);
-    EXPECT_EQ(c->jobId, "j7");
-  }
-  {
-    CleanEnvironment env;
-    env.set("OMPI_COMM_WORLD_RANK", "3");
-    env.set("OMPI_COMM_WORLD_SIZE", "7");
-    env.set("OMPI_COMM_WORLD_LOCAL_RANK", "1");
-    env.set("HETRA_STORE", "h0:4101");
-    const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->launcher, "openmpi");
-    EXPECT_EQ(c->rank, 3);
-    EXPECT_EQ(c->worldSize, 7);
-    EXPECT_EQ(c->localRank, 1);
-    EXPECT_EQ(c->storeAddress, "h0:4101");
-    EXPECT_FALSE(c->storeExternal);
-  }
-  {
-    CleanEnvironment env;
-    env.set("SLURM_PROCID", "4");
-    env.set("SLURM_NTASKS", "9");
-    env.set("SLURM_LOCALID", "2");
-    env.set("MASTER_ADDR", "10.1.2.3");
-    env.set("MASTER_PORT", "4242");
-    const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->launcher, "slurm");
-    EXPECT_EQ(c->rank, 4);
-    EXPECT_EQ(c->worldSize, 9);
-    EXPECT_EQ(c->localRank, 2);
-    EXPECT_EQ(c->storeAddress, "10.1.2.3:4242");
-  }
-  {
-    CleanEnvironment env;
-    env.set("PMI_RANK", "1");
-    env.set("PMI_SIZE", "3");
-    env.set("MPI_LOCALRANKID", "1");
-    env.set("HETRA_MASTER_ADDR", "node17");
-    env.set("MASTER_ADDR", "ignored");  // HETRA_MASTER_ADDR first
-    const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->launcher, "pmi");
-    EXPECT_EQ(c->rank, 1);
-    EXPECT_EQ(c->worldSize, 3);
-    EXPECT_EQ(c->localRank, 1);
-    EXPECT_EQ(c->storeAddress, "node17:29431");  // the documented default port
-  }
-  {
-    CleanEnvironment env;  // one rank needs no store
-    env.set("SLURM_PROCID", "0");
-    env.set("SLURM_NTASKS", "1");
-    const auto c = rankFromEnvironment();
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->worldSize, 1);
-    EXPECT_EQ(c->localRank, 0);
-    EXPECT_EQ(c->storeAddress, "");
-  }
-}
-
-TEST(RankEnvironment, PrecedenceIsHetraThenOpenMpiThenSlurm) {
-  CleanEnvironment env;
-  env.set("HETRA_STORE", "s:1");
-  env.set("SLURM_PROCID", "5");
-  env.set("SLURM_NTASKS", "6");
-  env.set("OMPI_COMM_WORLD_RANK", "1");
-  env.set("OMPI_COMM_WORLD_SIZE", "4");
-  EXPECT_EQ(rankFromEnvironment()->launcher, "openmpi");
-  EXPECT_EQ(rankFromEnvironment()->rank, 1);
-  env.set("HETRA_RANK", "0");
-  env.set("HETRA_WORLD_SIZE", "3");
-  const auto c = rankFromEnvironment();
-  EXPECT_EQ(c->launcher, "hetra");
-  EXPECT_EQ(c->rank, 0);
-  EXPECT_EQ(c->worldSize, 3);
-}
-
-TEST(RankEnvironment, IncompleteOrInconsistentIsRefusedByName) {
-  struct Case {
-    std::vector<std::pair<const char*, const char*>> vars;
-    std::vector<std::string> mentions;
-  };
-  const std::vector<Case> cases = {
-      {{{"OMPI_COMM_WORLD_RANK", "1"}, {"HETRA_STORE", "s:1"}},
-       {"OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"}},
-      {{{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "6"}, {"HETRA_STORE", "s:1"}},
-       {"SLURM_PROCID=6 is not below SLURM_NTASKS=6"}},
-      {{{"HETRA_RANK", "1"},
-        {"HETRA_WORLD_SIZE", "3"},
-        {"HETRA_LOCAL_RANK", "3"},
-        {"HETRA_STORE", "s:1"}},
-       {"HETRA_LOCAL_RANK=3 is not below HETRA_WORLD_SIZE=3"}},
-      {{{"PMI_RANK", "one"}, {"PMI_SIZE", "2"}}, {"PMI_RANK='one' is not an integer"}},
-      {{{"PMI_RANK", "0"}, {"PMI_SIZE", "0"}}, {"PMI_SIZE=0"}},
-      {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
-       {"HETRA_STORE", "MASTER_ADDR"}},
-      {{{"HETRA_WORLD_SIZE", "2"}}, {"HETRA_WORLD_SIZE is set but HETRA_RANK is not"}},
-      {{{"SLURM_PROCID", "0"},
-        {"SLURM_NTASKS", "2"},
-        {"MASTER_ADDR", "h"},
-        {"MASTER_PORT", "70000"}},
-       {"MASTER_PORT=70000"}},
-      {{{"HETRA_RANK", "-1"}, {"HETRA_WORLD_SIZE", "2"}, {"HETRA_STORE", "s:1"}},
-       {"HETRA_RANK=-1 is out of range"}},
-  };
-  for (const auto& c : cases) {
-    CleanEnvironment env;
-    for (const auto& [name, value] : c.vars) env.set(name, value);
-    const std::string message = configError([] { rankFromEnvironment(); });
-    ASSERT_FALSE(message.empty()) << "accepted: " << c.vars[0].first;
-    for (const auto& part : c.mentions) EXPECT_TRUE(contains(message, part)) << message;
-  }
-}
+using hetra::test::configError;
+using hetra::test::contains;
 
 TEST(LaunchArguments, HostListsAndHostfiles) {
   const auto hosts = parseHostList("a:2,b,node-3.example:13");
@@ -285,21 +105,21 @@ TEST(LaunchArguments, MpirunCommandLine) {
   const std::map<std::string, std::string> env = {{"HETRA_STORE", "10.0.0.1:77"},
                                                   {"HETRA_JOB_ID", "j"}};
   const std::vector<std::string> expected = {
-      "mpirun",      "-np",          "3",     "-H", "a:2,b:1",      "--map-by",
-      "slot",        "--bind-to",    "none",  "-x", "HETRA_JOB_ID", "-x",
-      "HETRA_STORE", "--tag-output", "bench", "x y"};
+      "mpirun",           "-np",          "3",     "-H",           "a:2,b:1", "--map-by",    "slot",
+      "--bind-to",        "none",         "-x",    "HETRA_JOB_ID", "-x",      "HETRA_STORE", "-x",
+      "HETRA_JOB_SECRET", "--tag-output", "bench", "x y"};
   EXPECT_EQ(mpirunCommand(o, env), expected);
   EXPECT_EQ(shellCommand(env, mpirunCommand(o, env)),
             "HETRA_JOB_ID=j HETRA_STORE=10.0.0.1:77 mpirun -np 3 -H a:2,b:1 --map-by slot "
-            "--bind-to none -x HETRA_JOB_ID -x HETRA_STORE --tag-output bench 'x y'");
+            "--bind-to none -x HETRA_JOB_ID -x HETRA_STORE -x HETRA_JOB_SECRET --tag-output bench "
+            "'x y'");
   o = parseLaunchArguments({"-np", "4", "-H", "a:3", "--oversubscribe", "--map-by", "node",
                             "--mpirun", "/opt/ompi/bin/mpirun", "--bind-to", "core", "p"});
   const auto argv = mpirunCommand(o, {});
-  EXPECT_EQ(argv,
-            (std::vector<std::string>{"/opt/ompi/bin/mpirun", "-np", "4", "-H", "a:3", "--map-by",
-                                      "node", "--bind-to", "core", "--oversubscribe", "p"}));
+  EXPECT_EQ(argv, (std::vector<std::string>{"/opt/ompi/bin/mpirun", "-np", "4", "-H", "a:3",
+                                            "--map-by", "node", "--bind-to", "core",
+                                            "--oversubscribe", "-x", "HETRA_JOB_SECRET", "p"}));
   EXPECT_EQ(shellCommand({{"A", "it's"}}, {"echo", ""}), "A='it'\\''s' echo ''");
-  EXPECT_EQ(routeAddressTo("127.0.0.1"), "127.0.0.1");
 }
 
 // ---- real processes ----
@@ -323,31 +143,51 @@ double secondsSince(Steady::time_point start) {
   return std::chrono::duration<double>(Steady::now() - start).count();
 }
 
+// The launcher's own value of `name` ("<unset>" when it has none).
+std::string ownVariable(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "<unset>";
+}
+
 TEST(LocalJob, EveryRankGetsItsEnvironment) {
   const auto dir = tempDir("env");
+  const std::vector<const char*> settings = {"HETRA_JOB_SECRET", "HETRA_RANK_CHANNELS",
+                                             "HETRA_STORE", "HETRA_RANK", "EXTRA_FOR_TEST"};
+  std::vector<std::string> before;
+  for (const char* name : settings) before.push_back(ownVariable(name));
   LocalJob job;
   job.np = 5;
   job.argv = {"sh", "-c",
               "echo \"$HETRA_RANK $HETRA_WORLD_SIZE $HETRA_LOCAL_RANK $HETRA_STORE_EXTERNAL "
-              "$HETRA_STORE $HETRA_JOB_ID\" > " +
+              "$HETRA_STORE $HETRA_JOB_ID $EXTRA_FOR_TEST ${#HETRA_JOB_SECRET} "
+              "$HETRA_RANK_CHANNELS\" > " +
                   dir.string() + "/$HETRA_RANK"};
   job.environment["EXTRA_FOR_TEST"] = "x";
-  ASSERT_EQ(runLocalJob(job), 0);
-  std::set<std::string> stores;
+  ASSERT_EQ(runLocalJob(job).code, 0);
+  std::set<std::string> stores, channels;
   for (int r = 0; r < 5; ++r) {
     std::istringstream line(readText(dir / std::to_string(r)));
     int rank = -1, size = -1, local = -1, external = -1;
-    std::string store, job;
-    line >> rank >> size >> local >> external >> store >> job;
+    size_t secretLength = 0;
+    std::string store, job, extra, channel;
+    line >> rank >> size >> local >> external >> store >> job >> extra >> secretLength >> channel;
     EXPECT_EQ(rank, r);
     EXPECT_EQ(size, 5);
     EXPECT_EQ(local, r);
     EXPECT_EQ(external, 1);
     EXPECT_TRUE(store.rfind("127.0.0.1:", 0) == 0) << store;
     EXPECT_TRUE(job.rfind("job-", 0) == 0) << job;
+    EXPECT_EQ(extra, "x");
+    EXPECT_GE(secretLength, 32u);  // the job's secret, as hex
+    EXPECT_FALSE(channel.empty());
     stores.insert(store + " " + job);
+    channels.insert(channel);
   }
-  EXPECT_EQ(stores.size(), 1u);  // one store and job id for all
+  EXPECT_EQ(stores.size(), 1u);    // one store and job id for all
+  EXPECT_EQ(channels.size(), 5u);  // a heartbeat channel of its own for each rank
+  // The settings travelled in the ranks' environment objects: the launcher's is as it was.
+  for (size_t i = 0; i < settings.size(); ++i)
+    EXPECT_EQ(ownVariable(settings[i]), before[i]) << settings[i];
   fs::remove_all(dir);
 }
 
@@ -358,7 +198,7 @@ TEST(LocalJob, AFailedRankStopsTheOthersAndGivesItsCode) {
   job.failureGrace = Millis(300);
   testing::internal::CaptureStderr();
   const auto start = Steady::now();
-  const int code = runLocalJob(job);
+  const int code = runLocalJob(job).code;
   const double took = secondsSince(start);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(code, 7);
@@ -374,7 +214,7 @@ TEST(LocalJob, ARankKilledByASignal) {
   job.argv = {"sh", "-c", "if [ $HETRA_RANK = 1 ]; then kill -USR1 $$; fi; exec sleep 30"};
   job.failureGrace = Millis(200);
   testing::internal::CaptureStderr();
-  const int code = runLocalJob(job);
+  const int code = runLocalJob(job).code;
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(code, 128 + SIGUSR1);
   EXPECT_TRUE(contains(err, "rank 1 (pid ")) << err;
@@ -520,6 +360,35 @@ TEST(LaunchCommand, NoOrphansWhenTheLauncherIsKilled) {
   fs::remove_all(dir);
 }
 
+TEST(LaunchCommand, AStoppedHetraRankEndsTheJobNamingIt) {
+  // A rank linked with hetra beats to hetra launch; a stopped one (SIGSTOP: a frozen VM, a
+  // debugger) is found when it misses its heartbeats for HETRA_HANG_TIMEOUT_S (5 s) and killed, so
+  // that its peer fails at once, instead of at the end of the peer's operation deadline (60 s).
+  const auto dir = tempDir("stopped");
+  auto s = start({kHetra, "launch", "-np", "2", "--", kHetra, "bench", "allreduce", "-b", "1M",
+                  "-e", "1M", "-w", "0", "-n", "1000000", "--timeout-ms", "60000"},
+                 dir / "out.txt");
+  // Rank 0 prints the header once both ranks have joined the group, so each has said hello to
+  // the launcher by then (a rank stopped before its hello is no rank linked with hetra to it).
+  ASSERT_TRUE(waitUntil([&] { return contains(readText(s.output), "# hetra bench allreduce"); },
+                        std::chrono::seconds(60)))
+      << readText(s.output);
+  const pid_t rank1 = hetra::test::rankProcesses(s.pid, 2)[1];
+  ASSERT_GT(rank1, 0) << readText(s.output);
+  ASSERT_EQ(kill(rank1, SIGSTOP), 0);
+  const auto stopped = Steady::now();
+  const int code = waitFor(s.pid, std::chrono::seconds(120));
+  const double took = secondsSince(stopped);
+  const auto out = readText(s.output);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(code, -1) << "the launcher had to be killed: " << out;
+  EXPECT_LT(took, 30.0) << "found by the comm deadline, not the heartbeat: " << out;
+  EXPECT_TRUE(contains(out, str("rank 1 (pid ", rank1, ", host "))) << out;
+  EXPECT_TRUE(contains(out, "hung: no heartbeat for")) << out;
+  EXPECT_TRUE(contains(out, "T (stopped)")) << out;
+  fs::remove_all(dir);
+}
+
 // Open MPI is in the bench packages (scripts/install-deps.sh bench); without it this test skips.
 bool haveMpirun() {
   return std::system("mpirun --version >/dev/null 2>&1") == 0;
@@ -564,7 +433,8 @@ TEST(LaunchCommand, MpirunOnThisHost) {
   EXPECT_TRUE(contains(bench, "3 ranks, transport tcp")) << bench;
   EXPECT_TRUE(contains(bench, "Out of bounds values : 0 OK")) << bench;
 
-  // Plain mpirun, no hetra launcher: the store from MASTER_ADDR/MASTER_PORT, served by rank 0.
+  // Plain mpirun, no hetra launcher: the store from MASTER_ADDR/MASTER_PORT (at MASTER_PORT + 1,
+  // MASTER_PORT being torch's), served by rank 0.
   const std::string port = std::to_string(20000 + getpid() % 20000);
   const std::string plain =
       "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " mpirun -np 3 --oversubscribe " +

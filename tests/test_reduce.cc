@@ -1,6 +1,8 @@
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -136,6 +138,37 @@ TEST(Reduce, BulkConversionsMatchScalar) {
   for (size_t i = 0; i < f.size(); ++i) {
     if (!std::isnan(f[i])) {
       ASSERT_EQ(back[i], hetra::halfToFloat(h[i]));
+    }
+  }
+}
+
+// The collective tests' inputs (harness.h) keep their promise: exact in the dtype, the sum over
+// the group exact, distinct per (rank, element) over a window, and a period coprime with 2..10.
+TEST(DistinctValues, ExactSummableAndDistinctInEveryDtype) {
+  for (DType dtype : kAllDTypes) {
+    for (int ranks = 1; ranks <= 10; ++ranks) {
+      const test::DistinctValues values(dtype, ranks);
+      SCOPED_TRACE(str(dtypeName(dtype), " ranks ", ranks));
+      ASSERT_EQ(std::gcd(values.period, int64_t(2 * 3 * 5 * 7)), 1);
+      ASSERT_GT(values.window * ranks, values.period - ranks) << "window " << values.window;
+      std::vector<uint8_t> cell(16);
+      for (size_t start : {size_t(0), size_t(values.period - 1), size_t(123457)}) {
+        std::set<double> seen;
+        // The wide types' windows run to millions of elements: their first 3000 stand for them.
+        const size_t checked = std::min<size_t>(size_t(values.window), 3000);
+        for (size_t i = start; i < start + checked; ++i) {
+          double sum = 0;
+          for (int r = 0; r < ranks; ++r) {
+            const double v = values(r, i);
+            store(dtype, cell, 0, v);
+            ASSERT_EQ(load(dtype, cell, 0), v) << "not exact: rank " << r << " element " << i;
+            ASSERT_TRUE(seen.insert(v).second) << "repeated: rank " << r << " element " << i;
+            sum += v;
+            store(dtype, cell, 0, sum);
+            ASSERT_EQ(load(dtype, cell, 0), sum) << "partial sum not exact at element " << i;
+          }
+        }
+      }
     }
   }
 }

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <thread>
 
+#include "common/errors.h"
+
 namespace hetra::net {
 
 int pollMillis(Deadline deadline) {
@@ -29,6 +31,59 @@ std::string hostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "?";
   return name;
+}
+
+std::string socketAddress(const sockaddr* addr, socklen_t len) {
+  char host[NI_MAXHOST];
+  char port[NI_MAXSERV];
+  if (::getnameinfo(addr, len, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "?";
+  return addr->sa_family == AF_INET6 ? str("[", host, "]:", port) : str(host, ":", port);
+}
+
+bool isWildcardHost(const std::string& host) {
+  return host.empty() || host == "*" || host == "0.0.0.0";
+}
+
+Listener listenOn(const std::string& host, int port, bool reuseAddress, const std::string& what) {
+  const bool any = isWildcardHost(host);
+  addrinfo hints{};
+  hints.ai_family = any ? AF_INET : AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(any ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0)
+    throw IoError(str(what, ": cannot resolve '", host, "' port ", port, ": ", gai_strerror(rc)));
+  Listener listener;
+  std::string lastError = "no address";
+  for (addrinfo* ai = res; ai && listener.fd < 0; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      lastError = std::strerror(errno);
+      continue;
+    }
+    int one = 1;
+    if (reuseAddress) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
+      listener.fd = fd;
+    } else {
+      lastError = std::strerror(errno);
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(res);
+  if (listener.fd < 0)
+    throw IoError(str(what, ": cannot listen on '", host, "' port ", port, ": ", lastError));
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(listener.fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  listener.port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return listener;
 }
 
 namespace {

@@ -34,6 +34,12 @@ std::string Param::str() const {
   return value ? std::string(value) : default_;
 }
 
+std::optional<std::string> environmentValue(const std::string& name) {
+  const char* value = std::getenv(name.c_str());
+  if (value == nullptr || *value == 0) return std::nullopt;
+  return std::string(value);
+}
+
 int64_t Param::integer() const {
   const std::string value = str();
   try {

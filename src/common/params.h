@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,11 @@ class Param {
 };
 
 std::vector<ParamInfo> allParams();
+
+// The environment's value of `name`, nullopt when it is unset or empty: the one place hetra reads
+// its environment. A parameter declared here is read through its Param; this is for variables of
+// other programs (a launcher's RANK, MPI's OMPI_COMM_WORLD_RANK) and for asking whether a parameter
+// declared in another library is set at all.
+std::optional<std::string> environmentValue(const std::string& name);
 
 }  // namespace hetra

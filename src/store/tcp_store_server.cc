@@ -98,42 +98,9 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, const auth::Au
   impl_->host = host;
   impl_->secret = auth.resolve();
   impl_->handshakeTimeout = auth.handshakeTimeout;
-  const bool any = host.empty() || host == "*" || host == "0.0.0.0";
-  addrinfo hints{};
-  hints.ai_family = any ? AF_INET : AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(any ? nullptr : host.c_str(), service.c_str(), &hints, &res);
-  if (rc != 0)
-    throw IoError(str("store server: cannot resolve ", host, ":", port, ": ", gai_strerror(rc)));
-  std::string lastError = "no address";
-  for (addrinfo* ai = res; ai && impl_->listenFd < 0; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      lastError = errnoText(errno);
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
-      impl_->listenFd = fd;
-    } else {
-      lastError = errnoText(errno);
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(res);
-  if (impl_->listenFd < 0)
-    throw IoError(str("store server: cannot listen on ", host, ":", port, ": ", lastError));
-
-  sockaddr_storage bound{};
-  socklen_t len = sizeof(bound);
-  ::getsockname(impl_->listenFd, reinterpret_cast<sockaddr*>(&bound), &len);
-  impl_->port =
-      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const net::Listener listener = net::listenOn(host, port, true, "store server");
+  impl_->listenFd = listener.fd;
+  impl_->port = listener.port;
   int wake[2];
   if (::pipe2(wake, O_NONBLOCK | O_CLOEXEC) != 0) {
     ::close(impl_->listenFd);
@@ -249,7 +216,7 @@ void TcpStoreServer::Impl::acceptAll() {
     net::setNoDelay(fd);
     Connection c;
     c.fd = fd;
-    c.peer = peerName(reinterpret_cast<sockaddr*>(&addr), len);
+    c.peer = net::socketAddress(reinterpret_cast<sockaddr*>(&addr), len);
     HETRA_DEBUG("store", "store server: connection from ", c.peer);
     if (!secret.empty()) {
       if (pendingHandshakes() >= kMaxPendingHandshakes) {

@@ -146,13 +146,4 @@ inline std::string errnoText(int err) {
   return std::strerror(err);
 }
 
-inline std::string peerName(const sockaddr* addr, socklen_t len) {
-  char host[NI_MAXHOST];
-  char port[NI_MAXSERV];
-  if (::getnameinfo(addr, len, host, sizeof(host), port, sizeof(port),
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return "?";
-  return str(host, ":", port);
-}
-
 }  // namespace hetra::store::wire

@@ -2,33 +2,25 @@
 
 #include <dlfcn.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <optional>
-#include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "balance/balancer.h"
 #include "common/errors.h"
-#include "common/logging.h"
 #include "device/slowdown.h"
+#include "train/checkpoint.h"
 #include "train/data_parallel.h"
 #include "train/datasets.h"
+#include "train/evaluate.h"
 #include "train/models.h"
 #include "train/optim.h"
+#include "train/report.h"
 #include "train/sampler.h"
+#include "train/specs.h"
 
 namespace hetra::train {
 namespace {
-
-namespace fs = std::filesystem;
-using nlohmann::json;
 
 // What every rank reports about a step, all-gathered as float64: the fixed fields, then up to
 // kMaxObservations (micro-batch size, seconds) pairs for the balancer.
@@ -46,27 +38,6 @@ enum StatField {
 };
 constexpr size_t kStatFields = kFixedFields + 2 * kMaxObservations;
 
-// The shape of one sample and the number of classes, known from the config without loading data.
-ModelSpec modelSpecOf(const RunConfig& config) {
-  ModelSpec spec;
-  spec.name = config.model.name;
-  if (config.data.name == "synthetic") {
-    spec.sampleShape = {config.data.features};
-    spec.classes = config.data.classes;
-  } else {
-    spec.sampleShape = {1, 28, 28};
-    spec.classes = 10;
-  }
-  spec.hidden = config.model.hidden;
-  spec.channels = config.model.channels;
-  spec.layers = config.model.layers;
-  spec.heads = config.model.heads;
-  spec.dim = config.model.dim;
-  spec.seqLen = config.model.seqLen;
-  spec.seed = uint64_t(config.train.seed);
-  return spec;
-}
-
 // A device of N threads must use N cores, also inside BLAS: OpenBLAS keeps its own thread pool,
 // sized for the whole machine and spinning between calls, which LibTorch's set_num_threads does not
 // touch. Looked up at run time, so other BLAS libraries simply skip this.
@@ -77,9 +48,9 @@ void setComputeThreads(int threads) {
     set(threads);
 }
 
-double processCpuSeconds() {
+double cpuSeconds(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  clock_gettime(clock, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
@@ -98,18 +69,6 @@ std::vector<int64_t> batchesOf(const balance::Plan& plan) {
   return out;
 }
 
-std::string splitText(const balance::Plan& plan) {
-  std::string text;
-  for (size_t i = 0; i < plan.ranks.size(); ++i)
-    text += (i ? "/" : "") + std::to_string(plan.ranks[i].batch);
-  return text;
-}
-
-// Writes `text` to `path` through a temporary file and a rename, so readers never see half a file.
-void writeAtomically(const fs::path& path, const std::string& text) {
-  writeFileAtomically(path.string(), text);
-}
-
 class Run {
  public:
   Run(const RunConfig& config, std::shared_ptr<comm::Communicator> comm,
@@ -123,31 +82,7 @@ class Run {
     setComputeThreads(int(device_.threads));
     if (slowdownAt(device_, 0) > 1.0 || !device_.slowdownSchedule.empty())
       device::SlowdownEmulator::tightenTimerSlack();
-    // A program's own data and model (TrainerOptions) replace the config's. A custom model's
-    // footprint stays unknown (zero), which rankCaps reads as no cap.
-    if (options.makeDataset) {
-      trainData_ = options.makeDataset(/*train=*/true);
-      testData_ = options.makeDataset(/*train=*/false);
-      HETRA_ENFORCE(trainData_ && testData_, "TrainerOptions::makeDataset returned no dataset");
-    } else {
-      trainData_ = makeDataset(dataSpec(), /*train=*/true);
-      testData_ = makeDataset(dataSpec(), /*train=*/false);
-    }
-    if (options.makeModel) {
-      model_ = options.makeModel();
-      HETRA_ENFORCE(model_, "TrainerOptions::makeModel returned no model");
-    } else {
-      ModelSpec spec = modelSpecOf(config);
-      if (options.makeDataset) {
-        spec.sampleShape = trainData_->inputShape();
-        spec.classes = trainData_->classes();
-      }
-      HETRA_ENFORCE(
-          spec.sampleShape == trainData_->inputShape() && spec.classes == trainData_->classes(),
-          "dataset shape differs from the one the config implies");
-      model_ = makeModel(spec);
-      footprint_ = estimateFootprint(spec);
-    }
+    makeDataAndModel();
     DataParallelOptions parallelOptions;
     parallelOptions.bucketBytes = size_t(config.train.bucketMib * (1 << 20));
     // [comm] compression is the policy of the gradients' allreduce (comm/policy.h).
@@ -156,23 +91,29 @@ class Run {
         size_t(config.comm.compressionMinBytes));
     parallelOptions.errorFeedback = config.comm.errorFeedback;
     parallel_ = std::make_unique<DataParallel>(model_, comm_, parallelOptions);
-    optimizer_ = makeOptimizer(model_->parameters(), optimSpec());
+    optimizer_ = makeOptimizer(model_->parameters(), optimSpecOf(config.train));
     sampler_ = std::make_unique<GlobalSampler>(trainData_->size(), config.train.globalBatch,
                                                uint64_t(config.train.seed));
     totalSteps_ =
         config.train.steps > 0 ? config.train.steps : sampler_->stepsFor(config.train.epochs);
-    schedule_ = std::make_unique<LrSchedule>(scheduleSpec());
-    balancer_ = std::make_unique<balance::Balancer>(balancerOptions(), rankCaps());
-    if (!options.resumeDir.empty())
-      resume(options.resumeDir);
-    else if (config.train.checkpointEvery > 0)
-      refuseEarlierCheckpoints(config.train.checkpointDir);
-    if (options.resumeDir.empty()) parallel_->broadcastParameters();
-    if (rank_ == 0 && !options.metricsPath.empty()) {
-      metrics_.open(options.metricsPath,
-                    startStep_ > 0 || options.appendMetrics ? std::ios::app : std::ios::trunc);
-      if (!metrics_) throw IoError(str("cannot write --metrics file '", options.metricsPath, "'"));
-    }
+    schedule_ = std::make_unique<LrSchedule>(scheduleSpecOf(config.train, totalSteps_));
+    balancer_ = std::make_unique<balance::Balancer>(balancerOptionsOf(config),
+                                                    rankCapsOf(config, footprint_));
+    checkpoints_.emplace(config, *comm_,
+                         TrainingParts{*model_, *optimizer_, *balancer_, *parallel_});
+    const auto resumed = checkpoints_->start(options.resumeDir);
+    startStep_ = resumed.step;
+    if (resumed.dir.empty()) parallel_->broadcastParameters();
+    ReportOptions reportOptions;
+    reportOptions.enabled = rank_ == 0;
+    reportOptions.metricsPath = options.metricsPath;
+    reportOptions.appendMetrics = startStep_ > 0 || options.appendMetrics;
+    reportOptions.progressBar = options.progressBar;
+    reportOptions.logEvery = config.train.logEvery;
+    reportOptions.totalSteps = totalSteps_;
+    reportOptions.globalBatch = config.train.globalBatch;
+    report_.emplace(reportOptions);
+    if (!resumed.dir.empty()) report_->resumed(resumed.dir, resumed.step);
   }
 
   // An all-gather still in flight (an exception left the loop) writes into pending_: let it end,
@@ -193,7 +134,7 @@ class Run {
                           std::max<int64_t>(0, (totalSteps_ - startStep_) / 3));
     double measuredSeconds = 0;
     int64_t measuredSamples = 0;
-    announce();
+    report_->start(header());
     for (int64_t step = startStep_; step < totalSteps_; ++step) {
       const double seconds = trainStep(step);
       if (step - startStep_ >= warmup) {
@@ -202,38 +143,26 @@ class Run {
       }
       const bool last = step + 1 == totalSteps_;
       if (config_.train.evalEvery > 0 && ((step + 1) % config_.train.evalEvery == 0) && !last)
-        evaluate(step + 1, result);
-      if (config_.train.checkpointEvery > 0 && (step + 1) % config_.train.checkpointEvery == 0)
-        checkpoint(step + 1);
+        evaluateAt(step + 1, result);
+      if (config_.train.checkpointEvery > 0 && (step + 1) % config_.train.checkpointEvery == 0) {
+        drain();  // the saved balancer has seen every step before the checkpoint
+        checkpoints_->save(step + 1);
+      }
     }
     drain();
-    result.lastLoss = lastStats_.loss;
-    evaluate(totalSteps_, result);
+    result.lastLoss = lastLoss_;
+    evaluateAt(totalSteps_, result);
     result.steps = totalSteps_;
     result.wallSeconds = secondsSince(start);
     result.samplesPerSecond = measuredSeconds > 0
                                   ? double(measuredSamples) / measuredSeconds
                                   : double((totalSteps_ - startStep_) * config_.train.globalBatch) /
                                         std::max(1e-9, result.wallSeconds);
-    if (rank_ == 0) {
-      writeMetric({{"event", "final"},
-                   {"steps", result.steps},
-                   {"wall_s", result.wallSeconds},
-                   {"samples_per_s", result.samplesPerSecond},
-                   {"test_accuracy", result.testAccuracy},
-                   {"test_loss", result.testLoss}});
-      printDeviceTable(lastStats_);
-    }
+    report_->finish(result);
     return result;
   }
 
  private:
-  struct StepStats {
-    double loss = 0;
-    double seconds = 0;
-    std::vector<std::vector<double>> ranks;  // all-gathered kStatFields per rank
-    balance::Plan plan;
-  };
   // A step's all-gather of timings in flight; its buffers live here until drain().
   struct PendingGather {
     int64_t step = 0;
@@ -243,97 +172,62 @@ class Run {
     comm::WorkPtr work;
   };
 
-  DataSpec dataSpec() const {
-    DataSpec spec;
-    spec.name = config_.data.name;
-    spec.path = config_.data.path;
-    spec.samples = config_.data.samples;
-    spec.testSamples = config_.data.testSamples;
-    spec.features = config_.data.features;
-    spec.classes = config_.data.classes;
-    spec.seed = uint64_t(config_.train.seed);
-    return spec;
-  }
-
-  OptimSpec optimSpec() const {
-    OptimSpec spec;
-    spec.name = config_.train.optimizer;
-    spec.lr = config_.train.lr;
-    spec.momentum = config_.train.momentum;
-    spec.nesterov = config_.train.nesterov;
-    spec.weightDecay = config_.train.weightDecay;
-    spec.beta1 = config_.train.betas.at(0);
-    spec.beta2 = config_.train.betas.at(1);
-    spec.eps = config_.train.eps;
-    return spec;
-  }
-
-  LrScheduleSpec scheduleSpec() const {
-    LrScheduleSpec spec;
-    spec.kind = config_.train.lrSchedule;
-    spec.lr = config_.train.lr;
-    spec.warmupSteps = config_.train.warmupSteps;
-    spec.totalSteps = totalSteps_;
-    return spec;
-  }
-
-  balance::BalancerOptions balancerOptions() const {
-    balance::BalancerOptions o;
-    o.mode = balance::parseMode(config_.balance.mode);
-    o.globalBatch = config_.train.globalBatch;
-    o.rebalanceThreshold = config_.balance.threshold;
-    o.minStepsBetweenChanges = int(config_.balance.minStepsBetween);
-    o.persistSteps = int(config_.balance.persistSteps);
-    o.profileSteps = int(config_.balance.profileSteps);
-    return o;
-  }
-
-  std::vector<balance::RankCaps> rankCaps() const {
-    std::vector<balance::RankCaps> caps;
-    for (const auto& device : config_.devices) {
-      balance::RankCaps c;
-      if (device.memoryBytes > 0 && footprint_.bytesPerSample > 0)  // > 0: footprint known
-        c.maxMicroBatch = maxMicroBatch(footprint_, device.memoryBytes);
-      if (device.maxMicroBatch > 0)
-        c.maxMicroBatch = std::min(c.maxMicroBatch, device.maxMicroBatch);
-      caps.push_back(c);
+  // A program's own data and model (TrainerOptions) replace the config's. A custom model's
+  // footprint stays unknown (zero), which rankCapsOf reads as no cap.
+  void makeDataAndModel() {
+    if (options_.makeDataset) {
+      trainData_ = options_.makeDataset(/*train=*/true);
+      testData_ = options_.makeDataset(/*train=*/false);
+      HETRA_ENFORCE(trainData_ && testData_, "TrainerOptions::makeDataset returned no dataset");
+    } else {
+      trainData_ = makeDataset(dataSpecOf(config_), /*train=*/true);
+      testData_ = makeDataset(dataSpecOf(config_), /*train=*/false);
     }
-    return caps;
+    if (options_.makeModel) {
+      model_ = options_.makeModel();
+      HETRA_ENFORCE(model_, "TrainerOptions::makeModel returned no model");
+      return;
+    }
+    ModelSpec spec = modelSpecOf(config_);
+    if (options_.makeDataset) {
+      spec.sampleShape = trainData_->inputShape();
+      spec.classes = trainData_->classes();
+    }
+    HETRA_ENFORCE(
+        spec.sampleShape == trainData_->inputShape() && spec.classes == trainData_->classes(),
+        "dataset shape differs from the one the config implies");
+    model_ = makeModel(spec);
+    footprint_ = estimateFootprint(spec);
   }
 
-  // An emulated device of slowdown s (device/slowdown.h) takes s times the compute phase's time t
-  // and so uses 1/s of its cores. t is the phase's CPU time per thread (at most its wall time):
-  // when ranks share cores, wall time includes waiting for a core, which a slower device must not
-  // multiply.
-  void emulateSlowdown(double slowdown, Clock::time_point start, double cpuSeconds) {
-    emulator_.endPhase(slowdown, secondsSince(start), cpuSeconds / double(device_.threads));
-  }
-
-  // CPU seconds of the compute phase so far, for the emulation: with one thread, LibTorch and BLAS
-  // run the whole phase on this thread, so its own clock leaves out the communicator's progress
-  // thread (gradient allreduces, polling), whose work is communication and must not be multiplied
-  // by the slowdown. With more threads the process clock is the best we have.
-  double computeCpuSeconds() const {
-    if (device_.threads > 1) return processCpuSeconds();
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-  }
-
-  // Runs one step and returns its seconds. The step's timings are all-gathered in the background
-  // and reach the balancer at the end of the next step (or at the next drain()): waiting for them
-  // at once would add a synchronisation of all ranks, and with it every rank's optimizer step on
-  // the critical path, to every step.
+  // The four parts of one data-parallel step (docs/architecture.md); returns its seconds.
   double trainStep(int64_t step) {
     const auto stepStart = Clock::now();
+    // 1. This rank's slice of the step's global batch, as the balancer's plan splits it.
     const balance::Plan plan = balancer_->plan();
     const auto& mine = plan.ranks[size_t(rank_)];
     const auto indices = sampler_->indices(step, batchesOf(plan), rank_);
-    const auto sizes = microBatchSizes(mine.batch, mine.accumSteps);
-    const double slowdown = slowdownAt(device_, step);
+    // 2. k micro-batches of at most m samples, summed gradients; 3. the last backward all-reduces
+    // the gradient buckets as they become ready.
+    std::vector<double> report = runMicroBatches(indices, mine, slowdownAt(device_, step));
+    report[kCommSeconds] = parallel_->finish(1);
+    // 4. The optimizer step, then the timings go to the balancer.
+    if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
+    applyLr(*optimizer_, schedule_->lrAt(step));
+    optimizer_->step();
+    parallel_->clearGradients();
+    shareTimings(step, plan, std::move(report));
+    pending_->seconds = secondsSince(stepStart);
+    return pending_->seconds;
+  }
 
+  // Forward and backward of `indices` in micro-batches; returns the step's report with every
+  // field but the communication's filled in.
+  std::vector<double> runMicroBatches(const std::vector<int64_t>& indices,
+                                      const balance::RankAssignment& mine, double slowdown) {
+    const auto sizes = microBatchSizes(mine.batch, mine.accumSteps);
     std::vector<double> report(kStatFields, 0.0);
-    double lossSum = 0, computeSeconds = 0;
+    report[kSamples] = double(mine.batch);
     int observations = 0;
     size_t offset = 0;
     for (size_t j = 0; j < sizes.size(); ++j) {
@@ -349,38 +243,47 @@ class Run {
       auto logits = model_->forward(batch.inputs);
       // Summed over the micro-batch and divided by the global batch B, so the all-reduced sum is
       // the gradient of the mean loss over the global batch, whatever the split: DataParallel then
-      // needs no pass over the gradients to divide them (finish(1) below).
+      // needs no pass over the gradients to divide them (finish(1)).
       auto loss = torch::nn::functional::cross_entropy(
           logits, batch.targets,
           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
       if (j + 1 == sizes.size()) parallel_->armLastBackward();
       (loss * (1.0 / double(config_.train.globalBatch))).backward();
-      lossSum += loss.item<double>();
-      emulateSlowdown(slowdown, phaseStart, computeCpuSeconds() - cpuStart);
+      report[kLossSum] += loss.item<double>();
+      // An emulated device of slowdown s (device/slowdown.h) takes s times the phase's time t.
+      // t is the phase's CPU time per thread (at most its wall time): when ranks share cores,
+      // wall time includes waiting for a core, which a slower device must not multiply.
+      emulator_.endPhase(slowdown, secondsSince(phaseStart),
+                         (computeCpuSeconds() - cpuStart) / double(device_.threads));
       const double seconds = secondsSince(computeStart);
-      computeSeconds += seconds;
+      report[kComputeSeconds] += seconds;
       if (observations < kMaxObservations) {
         report[kFixedFields + 2 * observations] = double(sizes[j]);
         report[kFixedFields + 2 * observations + 1] = seconds;
         ++observations;
       }
     }
-    const double commSeconds = parallel_->finish(1);
-    if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
-    applyLr(*optimizer_, schedule_->lrAt(step));
-    optimizer_->step();
-    parallel_->clearGradients();
+    report[kObservations] = observations;
+    return report;
+  }
 
-    report[kLossSum] = lossSum;
-    report[kSamples] = double(mine.batch);
-    report[kComputeSeconds] = computeSeconds;
-    report[kCommSeconds] = commSeconds;
+  // CPU seconds of the compute phase so far, for the emulation: with one thread, LibTorch and BLAS
+  // run the whole phase on this thread, so its own clock leaves out the communicator's progress
+  // thread (gradient allreduces, polling), whose work is communication and must not be multiplied
+  // by the slowdown. With more threads the process clock is the best we have.
+  double computeCpuSeconds() const {
+    return cpuSeconds(device_.threads > 1 ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_THREAD_CPUTIME_ID);
+  }
+
+  // All-gathers the step's report in the background; it reaches the balancer at the end of the
+  // next step (or at the next drain()): waiting for it at once would add a synchronisation of all
+  // ranks, and with it every rank's optimizer step on the critical path, to every step.
+  void shareTimings(int64_t step, const balance::Plan& plan, std::vector<double> report) {
     const uint64_t sent = comm_->bytesSent(), received = comm_->bytesReceived();
     report[kBytesSent] = double(sent - bytesSentBefore_);
     report[kBytesReceived] = double(received - bytesReceivedBefore_);
     bytesSentBefore_ = sent;
     bytesReceivedBefore_ = received;
-    report[kObservations] = observations;
     drain();
     auto& gather = pending_.emplace();
     gather.step = step;
@@ -390,8 +293,6 @@ class Run {
     gather.work =
         comm_->allgather(gather.report.data(), gather.all.data(),
                          std::vector<size_t>(size_t(comm_->size()), kStatFields), DType::F64);
-    gather.seconds = secondsSince(stepStart);
-    return gather.seconds;
   }
 
   // Feeds the pending step's all-gathered timings to the balancer (identically on every rank) and
@@ -401,293 +302,53 @@ class Run {
     pending_->work->wait();
     PendingGather gather = std::move(*pending_);
     pending_.reset();
-    StepStats stats;
-    stats.plan = std::move(gather.plan);
-    stats.seconds = gather.seconds;
-    double globalLoss = 0;
+    StepRecord record;
+    record.step = gather.step + 1;
+    record.epoch = sampler_->epochsAfter(gather.step + 1);
+    record.seconds = gather.seconds;
+    record.lr = schedule_->lrAt(gather.step);
+    record.planVersion = gather.plan.version;
+    double lossSum = 0;
     for (int r = 0; r < comm_->size(); ++r) {
-      std::vector<double> row(gather.all.begin() + long(r * kStatFields),
-                              gather.all.begin() + long((r + 1) * kStatFields));
-      globalLoss += row[kLossSum];
+      const double* row = gather.all.data() + size_t(r) * kStatFields;
+      lossSum += row[kLossSum];
       for (int o = 0; o < int(row[kObservations]); ++o)
         balancer_->observe(r, int64_t(row[kFixedFields + 2 * o]), row[kFixedFields + 2 * o + 1]);
-      stats.ranks.push_back(std::move(row));
+      const auto& share = gather.plan.ranks[size_t(r)];
+      record.ranks.push_back({config_.devices[size_t(r)].name, share.batch, share.microBatch,
+                              share.accumSteps, row[kComputeSeconds], row[kCommSeconds],
+                              int64_t(row[kBytesSent]), int64_t(row[kBytesReceived])});
     }
     const bool changed = balancer_->endStep(gather.step);
-    stats.loss = globalLoss / double(config_.train.globalBatch);
-    if (rank_ == 0) report0(gather.step, stats, changed);
-    lastStats_ = std::move(stats);
+    record.loss = lastLoss_ = lossSum / double(config_.train.globalBatch);
+    record.idealSamplesPerSecond = balancer_->idealSamplesPerSecond();
+    report_->step(record);
+    if (changed) report_->balanceChange(record.step, balancer_->plan());
   }
 
-  void report0(int64_t step, const StepStats& stats, bool changed) {
-    const double samplesPerSecond = double(config_.train.globalBatch) / stats.seconds;
-    json ranks = json::array();
-    for (int r = 0; r < comm_->size(); ++r) {
-      const auto& a = stats.plan.ranks[size_t(r)];
-      ranks.push_back({{"rank", r},
-                       {"device", config_.devices[size_t(r)].name},
-                       {"batch", a.batch},
-                       {"micro_batch", a.microBatch},
-                       {"accum", a.accumSteps},
-                       {"compute_s", stats.ranks[size_t(r)][kComputeSeconds]},
-                       {"comm_s", stats.ranks[size_t(r)][kCommSeconds]},
-                       {"bytes_sent", int64_t(stats.ranks[size_t(r)][kBytesSent])},
-                       {"bytes_recv", int64_t(stats.ranks[size_t(r)][kBytesReceived])}});
-    }
-    writeMetric({{"event", "step"},
-                 {"step", step + 1},
-                 {"epoch", sampler_->epochsAfter(step + 1)},
-                 {"loss", stats.loss},
-                 {"samples", config_.train.globalBatch},
-                 {"step_time_s", stats.seconds},
-                 {"samples_per_s", samplesPerSecond},
-                 {"lr", schedule_->lrAt(step)},
-                 {"plan_version", stats.plan.version},
-                 {"ranks", ranks}},
-                /*step=*/true);
-    if (changed) {
-      const auto& next = balancer_->plan();
-      HETRA_INFO("balance", next.summary());
-      writeMetric({{"event", "balance"},
-                   {"step", step + 1},
-                   {"version", next.version},
-                   {"split", batchesOf(next)},
-                   {"reason", next.reason}});
-      if (!options_.progressBar) std::printf("balance: %s\n", next.reason.c_str());
-    }
-    const int64_t every = config_.train.logEvery;
-    const bool last = step + 1 == totalSteps_;
-    if (options_.progressBar) {
-      const int width = 30;
-      const int filled = int(double(width) * double(step + 1) / double(totalSteps_));
-      std::printf("\r[%s%s] %lld/%lld loss %.4f %.0f samples/s split %s   ",
-                  std::string(size_t(filled), '#').c_str(),
-                  std::string(size_t(width - filled), '.').c_str(), (long long)(step + 1),
-                  (long long)totalSteps_, stats.loss, samplesPerSecond,
-                  splitText(stats.plan).c_str());
-      if (last) std::printf("\n");
-      std::fflush(stdout);
-    } else if (every > 0 && ((step + 1) % every == 0 || last)) {
-      std::printf("step %lld/%lld  epoch %.2f  loss %.4f  lr %.4g  %.0f samples/s  split %s\n",
-                  (long long)(step + 1), (long long)totalSteps_, sampler_->epochsAfter(step + 1),
-                  stats.loss, schedule_->lrAt(step), samplesPerSecond,
-                  splitText(stats.plan).c_str());
-      std::fflush(stdout);
-    }
-    if (every > 0 && (step + 1) % (every * 10) == 0 && !last) printDeviceTable(stats);
-  }
-
-  void printDeviceTable(const StepStats& stats) {
-    if (stats.ranks.empty()) return;
-    if (options_.progressBar) std::printf("\n");
-    std::printf("  %-10s %7s %12s %12s %10s %10s\n", "device", "share", "micro x acc", "samples/s",
-                "compute_s", "comm_s");
-    for (int r = 0; r < comm_->size(); ++r) {
-      const auto& a = stats.plan.ranks[size_t(r)];
-      const auto& row = stats.ranks[size_t(r)];
-      const double compute = row[kComputeSeconds];
-      std::printf("  %-10s %6.1f%% %5lld x %-4lld %12.0f %10.4f %10.4f\n",
-                  config_.devices[size_t(r)].name.c_str(),
-                  100.0 * double(a.batch) / double(config_.train.globalBatch),
-                  (long long)a.microBatch, (long long)a.accumSteps,
-                  compute > 0 ? double(a.batch) / compute : 0.0, compute, row[kCommSeconds]);
-    }
-    std::fflush(stdout);
-  }
-
-  // Each rank evaluates a contiguous part of the test set in proportion to its share of the batch,
-  // so fast devices take more of it too; losses and hits are summed over ranks.
-  void evaluate(int64_t step, TrainResult& result) {
+  void evaluateAt(int64_t step, TrainResult& result) {
     drain();  // the split of the test set follows the plan, which must be the same on every rank
-    torch::NoGradGuard noGrad;
-    const auto& plan = balancer_->plan();
-    const int64_t total = testData_->size();
-    int64_t begin = 0, end = 0;
-    for (int r = 0; r <= rank_; ++r) {
-      begin = end;
-      end = r + 1 == comm_->size()
-                ? total
-                : begin + total * plan.ranks[size_t(r)].batch / config_.train.globalBatch;
-    }
-    const int64_t chunk =
-        std::max<int64_t>(1, std::min<int64_t>(1024, plan.ranks[size_t(rank_)].microBatch * 2));
-    double sums[3] = {0, 0, 0};  // loss, correct, count
-    for (int64_t start = begin; start < end; start += chunk) {
-      std::vector<int64_t> idx;
-      for (int64_t i = start; i < std::min(end, start + chunk); ++i) idx.push_back(i);
-      Batch batch = testData_->get(idx);
-      auto logits = model_->forward(batch.inputs);
-      sums[0] += torch::nn::functional::cross_entropy(
-                     logits, batch.targets,
-                     torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                     .item<double>();
-      sums[1] += logits.argmax(1).eq(batch.targets).sum().item<double>();
-      sums[2] += double(idx.size());
-    }
-    comm_->allreduce(sums, sums, 3, DType::F64, comm::ReduceOp::Sum)->wait();
-    result.testLoss = sums[0] / std::max(1.0, sums[2]);
-    result.testAccuracy = sums[1] / std::max(1.0, sums[2]);
-    if (rank_ == 0) {
-      writeMetric({{"event", "eval"},
-                   {"step", step},
-                   {"test_loss", result.testLoss},
-                   {"test_accuracy", result.testAccuracy}});
-      if (options_.progressBar) std::printf("\n");
-      std::printf("eval at step %lld: test loss %.4f, test accuracy %.4f\n", (long long)step,
-                  result.testLoss, result.testAccuracy);
-      std::fflush(stdout);
-    }
+    const Evaluation e =
+        evaluate(*model_, *testData_, balancer_->plan(), config_.train.globalBatch, *comm_);
+    result.testLoss = e.loss;
+    result.testAccuracy = e.accuracy;
+    report_->evaluation(step, e.loss, e.accuracy);
   }
 
-  // Checkpoint layout: DIR/step-<N>/{model.pt, state.json, MANIFEST}, DIR/latest naming the newest.
-  // A step directory is complete and on the disk before `latest` points at it: it is written
-  // under a temporary name, checksummed and renamed (commitCheckpoint); the last
-  // train.keep_checkpoints stay.
-  void checkpoint(int64_t step) {
-    drain();                   // the saved balancer has seen every step before the checkpoint
-    comm_->barrier()->wait();  // every rank has finished the step
-    // Error feedback: every rank's residuals go into the checkpoint (rank 0 writes it), exact.
-    torch::Tensor residuals;
-    if (feedsBackErrors()) {
-      const torch::Tensor mine = parallel_->saveResiduals();
-      residuals = torch::empty({comm_->size(), mine.numel()}, torch::kFloat32);
-      comm_
-          ->allgather(mine.data_ptr(), residuals.data_ptr(),
-                      std::vector<size_t>(size_t(comm_->size()), size_t(mine.numel())), DType::F32)
-          ->wait();
-    }
-    if (rank_ == 0) {
-      const fs::path dir(config_.train.checkpointDir);
-      fs::create_directories(dir);
-      const std::string name = str("step-", step);
-      const fs::path tmp = dir / (name + ".tmp");
-      fs::remove_all(tmp);
-      fs::create_directories(tmp);
-      saveCheckpoint((tmp / "model.pt").string(), *model_, *optimizer_, CheckpointInfo{step, ""});
-      json state = {{"step", step},
-                    {"balancer", balancer_->save()},
-                    {"devices", deviceNames()},
-                    {"config", toToml(config_)}};
-      writeAtomically(tmp / "state.json", state.dump(1));
-      if (residuals.defined()) torch::save(residuals, (tmp / "residuals.pt").string());
-      commitCheckpoint(tmp.string(), (dir / name).string());
-      writeAtomically(dir / "latest", name + "\n");
-      HETRA_INFO("train", "checkpoint ", (dir / name).string());
-      for (const auto& old : pruneCheckpoints(dir.string(), config_.train.keepCheckpoints))
-        HETRA_INFO("train", "removed checkpoint ", old);
-    }
-    comm_->barrier()->wait();
-  }
-
-  // A fresh run must not write into another run's checkpoints: keep-K pruning goes by step number,
-  // so one would delete the other's, and a later --resume could pick the wrong run. Every rank
-  // checks (on one host they see the same directory, so all refuse alike).
-  static void refuseEarlierCheckpoints(const std::string& root) {
-    std::error_code error;
-    std::vector<std::string> found;
-    for (const auto& entry : fs::directory_iterator(root, error)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_directory() && name.rfind("step-", 0) == 0 &&
-          name.find_first_not_of("0123456789", 5) == std::string::npos && name.size() > 5)
-        found.push_back(name);
-    }
-    if (found.empty()) return;
-    std::sort(found.begin(), found.end());
-    std::string names;
-    for (size_t i = 0; i < found.size() && i < 3; ++i) names += (i ? ", " : "") + found[i];
-    if (found.size() > 3) names += ", ...";
-    throw ConfigError(str("train.checkpoint_dir = \"", root,
-                          "\" already holds checkpoints of an earlier run (", names,
-                          "): continue it with --resume ", root,
-                          ", or give this run another train.checkpoint_dir"));
-  }
-
-  void resume(const std::string& resumeDir) {
-    // The newest checkpoint that verifies: a truncated or corrupted newer one is skipped (WARN).
-    const fs::path dir(findCheckpoint(resumeDir));
-    std::ifstream in(dir / "state.json");
-    const json state = json::parse(in);
-    loadCheckpoint((dir / "model.pt").string(), *model_, *optimizer_);
-    startStep_ = state.at("step").get<int64_t>();
-    // The balancer's state is per rank: it applies only to the same devices in the same ranks.
-    // After an elastic restart without a device (or a --resume with other devices) the survivors
-    // would not even keep their rank numbers, and their speeds change with the freed cores, so
-    // the balancer starts afresh (equal split, re-profiling); the split never changes the result.
-    // Checkpoints of older hetra versions do not list their devices: the rank count decides.
-    auto saved = balance::Balancer::load(state.at("balancer").get<std::string>());
-    const bool sameDevices =
-        state.contains("devices")
-            ? state.at("devices").get<std::vector<std::string>>() == deviceNames()
-            : saved.ranks() == comm_->size();
-    if (sameDevices) {
-      *balancer_ = std::move(saved);
-      // This rank's error-feedback residuals, when the run compresses and the checkpoint has them.
-      const fs::path residualsFile = dir / "residuals.pt";
-      if (feedsBackErrors() && fs::exists(residualsFile)) {
-        torch::Tensor all;
-        torch::load(all, residualsFile.string());
-        HETRA_ENFORCE(all.dim() == 2 && all.size(0) == comm_->size(), "checkpoint ",
-                      residualsFile.string(), " holds residuals of ", all.size(0), " ranks, not ",
-                      comm_->size());
-        parallel_->loadResiduals(all[rank_].contiguous());
-      }
-    } else {
-      // Error-feedback residuals are per rank too: whatever a departed rank owed is dropped.
-      parallel_->loadResiduals(torch::Tensor());
-      auto list = [](const std::vector<std::string>& names) {
-        std::string text;
-        for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
-        return text;
-      };
-      if (rank_ == 0)
-        HETRA_WARN("train", "checkpoint ", dir.string(), " was written by ", saved.ranks(),
-                   " devices",
-                   state.contains("devices")
-                       ? str(" (", list(state.at("devices").get<std::vector<std::string>>()), ")")
-                       : std::string(),
-                   ", this run has ", comm_->size(), " (", list(deviceNames()),
-                   "): the balancer re-profiles from an equal split",
-                   config_.comm.errorFeedback && config_.comm.compression != "none"
-                       ? "; error-feedback residuals start at zero"
-                       : "");
-    }
-    if (rank_ == 0)
-      std::printf("resumed from %s at step %lld\n", dir.string().c_str(), (long long)startStep_);
-  }
-
-  bool feedsBackErrors() const {
-    return config_.comm.errorFeedback && config_.comm.compression != "none";
-  }
-
-  std::vector<std::string> deviceNames() const {
-    std::vector<std::string> names;
-    for (const auto& device : config_.devices) names.push_back(device.name);
-    return names;
-  }
-
-  void announce() {
-    if (rank_ != 0) return;
-    std::printf(
-        "hetra run: %s on %s, %d devices, global batch %lld, %lld steps (%.2f epochs of %lld "
-        "samples)\n",
-        options_.makeModel ? "a custom model" : config_.model.name.c_str(),
-        trainData_->name().c_str(), comm_->size(), (long long)config_.train.globalBatch,
-        (long long)totalSteps_, sampler_->epochsAfter(totalSteps_), (long long)trainData_->size());
-    std::printf("model: %lld parameters; gradient buckets: %zu; transport: %s; balance: %s\n",
-                (long long)parameterCount(*model_), parallel_->bucketCount(),
-                comm_->transportName(), config_.balance.mode.c_str());
-    std::fflush(stdout);
-  }
-
-  // Step records reach the file at least once a second (a write per step would cost the fast rank
-  // a system call per step); every other record at once.
-  void writeMetric(const json& record, bool step = false) {
-    if (!metrics_.is_open()) return;
-    metrics_ << record.dump() << "\n";
-    if (!step || Clock::now() - lastFlush_ >= std::chrono::seconds(1)) {
-      metrics_.flush();
-      lastFlush_ = Clock::now();
-    }
+  RunHeader header() const {
+    RunHeader h;
+    h.model = options_.makeModel ? "a custom model" : config_.model.name;
+    h.data = trainData_->name();
+    h.transport = comm_->transportName();
+    h.balance = config_.balance.mode;
+    h.devices = comm_->size();
+    h.globalBatch = config_.train.globalBatch;
+    h.steps = totalSteps_;
+    h.trainSamples = trainData_->size();
+    h.parameters = parameterCount(*model_);
+    h.epochs = sampler_->epochsAfter(totalSteps_);
+    h.buckets = parallel_->bucketCount();
+    return h;
   }
 
   const RunConfig& config_;
@@ -704,11 +365,11 @@ class Run {
   std::unique_ptr<GlobalSampler> sampler_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<balance::Balancer> balancer_;
+  std::optional<RunCheckpoints> checkpoints_;
+  std::optional<Report> report_;
   int64_t totalSteps_ = 0;
   int64_t startStep_ = 0;
-  std::ofstream metrics_;
-  Clock::time_point lastFlush_ = Clock::now();
-  StepStats lastStats_;
+  double lastLoss_ = 0;
   uint64_t bytesSentBefore_ = 0, bytesReceivedBefore_ = 0;  // transport counters at the last step
   std::optional<PendingGather> pending_;
 };

@@ -1,11 +1,5 @@
 #include "launch_command.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -14,11 +8,21 @@
 #include <CLI/CLI.hpp>
 
 #include "common/errors.h"
-#include "launch.h"
+#include "launch/local_job.h"
+#include "launch/rank_environment.h"
+#include "launch/supervision.h"
 #include "store/tcp_store.h"
 
 namespace hetra::cli {
 namespace {
+
+using launch::ChildProcess;
+using launch::jobEnvironment;
+using launch::LauncherSignals;
+using launch::SuperviseOptions;
+
+// Declared by common/auth: the variable the job's secret reaches the ranks in.
+constexpr const char* kSecretVariable = "HETRA_JOB_SECRET";
 
 const char* kUsage =
     "Usage: hetra launch -np N [options] [--] PROGRAM ARGS...\n"
@@ -190,9 +194,8 @@ std::vector<std::string> mpirunCommand(const LaunchOptions& o,
   argv.insert(argv.end(), {"-H", hosts, "--map-by", o.mapBy, "--bind-to", o.bindTo});
   if (o.oversubscribe) argv.push_back("--oversubscribe");
   for (const auto& [name, value] : environment) argv.insert(argv.end(), {"-x", name});
-  // The job's secret travels in mpirun's environment, exported by name only.
-  for (const char* name : {"HETRA_JOB_SECRET", "HETRA_JOB_SECRET_FILE"})
-    if (std::getenv(name) && !environment.count(name)) argv.insert(argv.end(), {"-x", name});
+  // The job's secret travels in mpirun's environment (runLaunch puts it there), by name only.
+  if (!environment.count(kSecretVariable)) argv.insert(argv.end(), {"-x", kSecretVariable});
   argv.insert(argv.end(), o.mpiArgs.begin(), o.mpiArgs.end());
   argv.insert(argv.end(), o.program.begin(), o.program.end());
   return argv;
@@ -206,58 +209,39 @@ std::string shellCommand(const std::map<std::string, std::string>& environment,
   return line;
 }
 
-std::string routeAddressTo(const std::string& host) {
-  // Without a resolver entry for it (a bare chroot has no /etc/hosts), localhost is still loopback.
-  if (host == "localhost") return "127.0.0.1";
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr)
-    throw ConfigError(str("cannot resolve host '", host, "'; give --store-addr"));
-  std::string address;
-  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  // Connecting a UDP socket only chooses the route and the source address.
-  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
-    sockaddr_in local{};
-    socklen_t length = sizeof local;
-    char text[INET_ADDRSTRLEN] = {0};
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
-        inet_ntop(AF_INET, &local.sin_addr, text, sizeof text))
-      address = text;
-  }
-  if (fd >= 0) close(fd);
-  freeaddrinfo(found);
-  if (address.empty()) throw ConfigError(str("no route to host '", host, "'; give --store-addr"));
-  return address;
-}
-
 int runLaunch(const LaunchOptions& o) {
   if (o.hosts.empty()) {
-    LocalJob job;
+    launch::LocalJob job;
     job.np = o.np;
     job.argv = o.program;
     job.failureGrace = Millis(int64_t(o.graceS * 1000));
     job.name = "hetra launch";
-    job.captureStderr = true;  // its failure message shows the rank's last lines
-    return runLocalJob(job);
+    // Any program: its failure message shows the rank's last lines. A rank linked with hetra
+    // beats as well, so a stopped one is found within HETRA_HANG_TIMEOUT_S.
+    job.captureStderr = true;
+    return launch::runLocalJob(job).code;
   }
-  const std::string address = o.storeAddr.empty() ? routeAddressTo(o.hosts[0].host) : o.storeAddr;
+  const std::string address =
+      o.storeAddr.empty() ? launch::routeAddressTo(o.hosts[0].host) : o.storeAddr;
   if (o.dryRun) {
     const auto environment = jobEnvironment(address + ":<port>", "<job id>");
     std::printf("%s\n", shellCommand(environment, mpirunCommand(o, environment)).c_str());
     return 0;
   }
   const LauncherSignals signals;  // before the store server's thread starts
-  ensureJobSecret();
+  const launch::LauncherSecret secret = launch::launcherSecret();
+  auth::AuthOptions auth;
+  auth.secret = secret.secret;
   // Every interface: the ranks reach it at `address`, which may be on any of them.
-  store::TcpStoreServer server("0.0.0.0", 0);
-  const auto environment = jobEnvironment(str(address, ":", server.port()), randomJobId());
+  store::TcpStoreServer server("0.0.0.0", 0, auth);
+  const auto environment = jobEnvironment(str(address, ":", server.port()), launch::randomJobId());
   ChildProcess mpirun;
   mpirun.label = "mpirun";
   mpirun.argv = mpirunCommand(o, environment);
-  mpirun.path = resolveProgram(o.mpirun);
+  mpirun.path = launch::resolveProgram(o.mpirun);
   mpirun.environment = environment;
+  mpirun.environment.insert(secret.environment.begin(), secret.environment.end());
+  mpirun.unsetEnvironment = secret.unsetEnvironment;
   mpirun.stdinNull = false;      // mpirun forwards it to rank 0
   mpirun.deathSignal = SIGTERM;  // lets mpirun stop the remote ranks
   SuperviseOptions options;
@@ -265,7 +249,7 @@ int runLaunch(const LaunchOptions& o) {
   options.name = "hetra launch";
   options.failureGrace = Millis(int64_t(o.graceS * 1000));
   options.stopGrace = Millis(30000);  // mpirun stops its daemons on other hosts
-  return superviseChildren({mpirun}, options, signals);
+  return launch::superviseChildren({mpirun}, options, signals);
 }
 
 CLI::App* addLaunchCommand(CLI::App& app) {

@@ -48,17 +48,15 @@ std::vector<HostSlots> parseHostList(const std::string& list);
 // `source` names the file in errors.
 std::vector<HostSlots> parseHostfile(const std::string& text, const std::string& source);
 
-// The mpirun command line of a job: `environment` is exported by name (-x NAME), its values come
-// from mpirun's own environment, so that no value (a job secret) shows on a command line.
+// The mpirun command line of a job: `environment` and the job's secret (HETRA_JOB_SECRET) are
+// exported by name (-x NAME), their values come from mpirun's own environment, so that no value
+// (the secret) shows on a command line.
 std::vector<std::string> mpirunCommand(const LaunchOptions& options,
                                        const std::map<std::string, std::string>& environment);
 
 // "NAME=value ... mpirun -np ..." quoted for a POSIX shell, as --dry-run prints it.
 std::string shellCommand(const std::map<std::string, std::string>& environment,
                          const std::vector<std::string>& argv);
-
-// The local address the kernel would use to reach `host` (no packet is sent).
-std::string routeAddressTo(const std::string& host);
 
 int runLaunch(const LaunchOptions& options);
 

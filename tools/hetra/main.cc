@@ -11,6 +11,7 @@
 #include "common/params.h"
 #include "device/probe.h"
 #include "launch.h"
+#include "launch/heartbeat.h"
 #include "launch_command.h"
 #include "probe_links.h"
 #ifdef HETRA_WITH_TORCH
@@ -70,9 +71,8 @@ int runParams() {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line's command; `error` gets the message of the error that ended it.
+int runCommand(int argc, char** argv, std::string& error) {
   CLI::App app{"hetra: training across heterogeneous devices"};
   app.require_subcommand(1);
   cli::BenchOptions bench;
@@ -133,9 +133,30 @@ int main(int argc, char** argv) {
                                 cli::onePerCore(np > 0 ? np : 1));
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "hetra: %s\n", e.what());
+    error = e.what();
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hetra: error: %s\n", e.what());
+    error = e.what();
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // As a local rank of hetra launch or hetra run, whatever the command: the heartbeat starts
+  // before anything else (no thread runs yet), so a stopped rank is found by its launcher, which
+  // also learns how the rank ended.
+  std::unique_ptr<launch::RankChannel> channel;
+  try {
+    channel = launch::RankChannel::fromEnvironment();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hetra: %s\n", e.what());
+    return 2;
+  }
+  std::string error;
+  const int code = runCommand(argc, argv, error);
+  if (channel) channel->bye(code, error);
+  return code;
 }

@@ -17,10 +17,9 @@
 #include "comm/communicator.h"
 #include "comm/topology.h"
 #include "common/errors.h"
-#include "common/heartbeat.h"
 #include "common/logging.h"
-#include "common/params.h"
 #include "launch.h"
+#include "launch/elastic.h"
 #include "launch_command.h"
 #include "train/config.h"
 #include "train/optim.h"
@@ -29,21 +28,7 @@
 namespace hetra::cli {
 namespace {
 
-const Param kHangTimeout("HETRA_HANG_TIMEOUT_S", "5",
-                         "hetra run: a local rank without a heartbeat for this many seconds "
-                         "(stopped, frozen) is hung; it is killed so that its peers fail at once.");
-
-// Set by the supervising `hetra run` for the ranks of an elastic restart (see elastic below).
-const Param kElasticRestart(
-    "HETRA_ELASTIC_RESTART", "0",
-    "Set by hetra run for its ranks: the elastic restart they belong to "
-    "(0: the first start; > 0: append to --metrics, resume from HETRA_ELASTIC_RESUME).");
-const Param kElasticDevices("HETRA_ELASTIC_DEVICES", "",
-                            "Set by hetra run on an elastic restart: the [[devices]] entries that "
-                            "take part, as indices into the config's list (\"0,2\").");
-const Param kElasticResume("HETRA_ELASTIC_RESUME", "",
-                           "Set by hetra run on an elastic restart: the checkpoint the ranks "
-                           "resume from (empty: start over, no checkpoint was written yet).");
+using launch::RankWatch;
 
 // One message about a failed rank: which rank, where, how it ended, its last lines. `head` is
 // "FAILED: " at the end of a failed run, "" before an elastic restart.
@@ -95,46 +80,26 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
   }
   // The ranks of an elastic restart run on the surviving devices only, from the restart's
   // checkpoint (set by the supervising hetra run, below).
+  const launch::ElasticAttempt attempt = launch::attemptFromEnvironment(config.devices.size());
   train::RunConfig rankConfig = config;
   // The file's islands and link costs become explicit keys, so that they can follow the devices.
   const train::TopologyConfig topology = resolveTopology(config);
   rankConfig.topology = topology;
   RunOptions rankOptions = options;
-  const bool restarted = kElasticRestart.integer() > 0;
-  if (restarted) rankOptions.resumeDir = kElasticResume.str();
-  if (const std::string devices = kElasticDevices.str(); !devices.empty()) {
-    rankConfig.devices.clear();
-    rankConfig.topology.islands.clear();
-    size_t begin = 0;
-    while (begin <= devices.size()) {
-      const size_t comma = std::min(devices.find(',', begin), devices.size());
-      const std::string item = devices.substr(begin, comma - begin);
-      char* end = nullptr;
-      const long index = std::strtol(item.c_str(), &end, 10);
-      if (item.empty() || *end != 0 || index < 0 || size_t(index) >= config.devices.size())
-        throw ConfigError(str(kElasticDevices.env(), "=", devices, ": '", item,
-                              "' is not an index of the config's ", config.devices.size(),
-                              " devices"));
-      rankConfig.devices.push_back(config.devices[size_t(index)]);
-      if (!topology.islands.empty())
-        rankConfig.topology.islands.push_back(topology.islands[size_t(index)]);
-      begin = comma + 1;
-    }
+  const bool restarted = attempt.restart > 0;
+  if (restarted) rankOptions.resumeDir = attempt.resume;
+  rankConfig.devices.clear();
+  rankConfig.topology.islands.clear();
+  for (size_t index : attempt.devices) {
+    rankConfig.devices.push_back(config.devices[index]);
+    if (!topology.islands.empty()) rankConfig.topology.islands.push_back(topology.islands[index]);
   }
   if (context->worldSize != int(rankConfig.devices.size()))
     throw ConfigError(str("the config lists ", rankConfig.devices.size(),
                           " devices but HETRA_WORLD_SIZE is ", context->worldSize,
                           "; run one rank per [[devices]] entry"));
   log::setRank(context->rank);
-  // Tells a watching launcher how this rank ends: an error's message, or a clean exit.
-  const auto channel = RankChannel::fromEnvironment(context->rank);
-  try {
-    runRank(rankOptions, rankConfig, *context, restarted);
-  } catch (const std::exception& e) {
-    if (channel) channel->bye(dynamic_cast<const ConfigError*>(&e) ? 2 : 1, e.what());
-    throw;
-  }
-  if (channel) channel->bye(0, "");
+  runRank(rankOptions, rankConfig, *context, restarted);
   return 0;
 }
 
@@ -208,10 +173,7 @@ void runRank(const RunOptions& options, const train::RunConfig& config, const Ra
 
 // ---- Elastic restarts
 //
-// Vocabulary:
-//   attempt         one local job: the listed devices started together. The first attempt runs
-//                   every [[devices]] entry; each restart is an attempt without the devices that
-//                   failed so far.
+// Vocabulary (attempt, device: see launch/elastic.h, the restart policy):
 //   own checkpoint  a usable step-N directory under train.checkpoint_dir whose MANIFEST was
 //                   written after this `hetra run` started: a restart never continues another
 //                   run's leftovers in the same directory.
@@ -220,14 +182,11 @@ void runRank(const RunOptions& options, const train::RunConfig& config, const Ra
 // any split. So a restart on fewer devices from step N's checkpoint continues the same run, up to
 // rounding; the balancer re-profiles the survivors (trainer.cc, resume).
 
-// How one attempt ended.
-struct AttemptEnd {
-  int code = 0;
-  RankWatch::Failure failure;
-};
-
-AttemptEnd runAttempt(const train::RunConfig& config, const std::vector<size_t>& devices,
-                      const std::vector<std::string>& argv) {
+// Runs the ranks of one attempt (launch/elastic.h), each told its attempt through its environment.
+launch::LocalJobEnd runAttempt(const train::RunConfig& config,
+                               const launch::ElasticAttempt& attempt,
+                               const std::vector<std::string>& argv) {
+  const std::vector<size_t>& devices = attempt.devices;
   // Emulated devices are packed onto cores by duty cycle, so a slowed device's sleeps leave room
   // for another and the fast device keeps a core to itself; the PyTorch peer (bench/) does the
   // same.
@@ -240,21 +199,16 @@ AttemptEnd runAttempt(const train::RunConfig& config, const std::vector<size_t>&
     duty.push_back(1.0 / fastest);
     threads.push_back(int(device.threads));
   }
-  // The watch forwards each rank's stderr, keeps its last lines and kills a rank that stops
+  // The job's watch forwards each rank's stderr, keeps its last lines and kills a rank that stops
   // beating, so that its peers fail at once (PeerAbortedError naming it) instead of at their
-  // deadlines; the ranks find their pipes through HETRA_RANK_CHANNELS.
-  RankWatch::Options watchOptions;
-  watchOptions.hangTimeout = Millis(int64_t(kHangTimeout.number() * 1000));
-  if (watchOptions.hangTimeout.count() <= 0)
-    throw ConfigError(str(kHangTimeout.env(), " must be positive"));
-  RankWatch watch(int(devices.size()), watchOptions);
-  setenv("HETRA_RANK_CHANNELS", watch.environmentValue().c_str(), 1);
-  AttemptEnd end;
-  end.code = spawnLocalRanks(int(devices.size()), argv, packByDuty(duty, threads));
-  unsetenv("HETRA_RANK_CHANNELS");
-  watch.finish();
-  if (end.code != 0) end.failure = watch.firstFailure();
-  return end;
+  // deadlines.
+  launch::LocalJob job;
+  job.np = int(devices.size());
+  job.argv = argv;
+  job.program = "/proc/self/exe";
+  job.cpuSets = launch::packByDuty(duty, threads);
+  job.environment = attempt.environment();
+  return launch::runLocalJob(job);
 }
 
 // The newest own checkpoint under `root` (see the vocabulary), or "" when there is none.
@@ -311,56 +265,33 @@ int superviseElastic(const RunOptions& options, const train::RunConfig& config,
   const auto& elastic = config.elastic;
   // MANIFEST times come from the file system's clock: a little slack for its coarse ticks.
   const auto started = fs::file_time_type::clock::now() - std::chrono::seconds(1);
-  std::vector<size_t> devices(config.devices.size());
-  for (size_t i = 0; i < devices.size(); ++i) devices[i] = i;
-  std::string resume;  // "" on the first attempt: the ranks take --resume from their argv
-  for (int64_t restart = 0;; ++restart) {
-    setenv(kElasticRestart.env().c_str(), std::to_string(restart).c_str(), 1);
-    if (restart == 0) {
-      unsetenv(kElasticDevices.env().c_str());
-      unsetenv(kElasticResume.env().c_str());
-    } else {
-      std::string list;
-      for (size_t i = 0; i < devices.size(); ++i)
-        list += (i ? "," : "") + std::to_string(devices[i]);
-      setenv(kElasticDevices.env().c_str(), list.c_str(), 1);
-      setenv(kElasticResume.env().c_str(), resume.c_str(), 1);
-    }
+  launch::ElasticAttempt attempt = launch::firstAttempt(config.devices.size());
+  const launch::ElasticPolicy policy{elastic.maxRestarts, elastic.minDevices};
+  for (;;) {
+    const int64_t restart = attempt.restart;
     const auto attemptStart = Clock::now();
-    const AttemptEnd end = runAttempt(config, devices, argv);
+    const launch::LocalJobEnd end = runAttempt(config, attempt, argv);
     if (end.code == 0) return 0;
     const double attemptSeconds = secondsSince(attemptStart);
     const auto& failure = end.failure;
 
     // Whether to restart, and if not, why not (said only when elastic restarts are on).
-    const bool stopped =
-        end.code == 128 + SIGINT || end.code == 128 + SIGTERM || end.code == 128 + SIGHUP;
-    std::string noRestart;
-    if (restart >= elastic.maxRestarts)
-      noRestart = str("no elastic restart left (elastic.max_restarts = ", elastic.maxRestarts, ")");
-    else if (failure.rank < 0 || size_t(failure.rank) >= devices.size())
-      noRestart = "no rank is known to have failed";
-    else if (stopped)
-      noRestart = "the run was stopped by a signal";
-    else if (end.code == 2)
-      noRestart = "a configuration error is no device failure: a restart would fail the same way";
-    else if (int64_t(devices.size()) - 1 < elastic.minDevices)
-      noRestart = str("only ", devices.size() - 1,
-                      " devices would remain (elastic.min_devices = ", elastic.minDevices, ")");
+    const std::string noRestart = launch::whyNoRestart(policy, attempt, {end.code, failure.rank});
     if (!noRestart.empty()) {
       reportFailure(failure, end.code);
       if (elastic.maxRestarts > 0) std::fprintf(stderr, "hetra run: %s\n", noRestart.c_str());
       return end.code;
     }
 
-    const size_t failed = devices[size_t(failure.rank)];
+    const size_t failed = attempt.devices[size_t(failure.rank)];
     const std::string failedName = config.devices[failed].name;
     reportFailure(failure, end.code, /*head=*/"");
-    devices.erase(devices.begin() + failure.rank);
     const int64_t lastStep = lastRecordedStep(options.metricsPath);
     const std::string own = ownCheckpoint(config.train.checkpointDir, started);
     // Before this run's first checkpoint, a restart begins where the first attempt did.
-    resume = own.empty() ? options.resumeDir : own;
+    attempt = launch::nextAttempt(attempt, failure.rank, own.empty() ? options.resumeDir : own);
+    const std::vector<size_t>& devices = attempt.devices;
+    const std::string& resume = attempt.resume;
     int64_t resumeStep = 0;
     if (!resume.empty()) {
       std::ifstream in(fs::path(train::findCheckpoint(resume)) / "state.json");

@@ -1,3 +1,4 @@
+// Recursive doubling with the header check folded into the exchanges (see small_tcp.h).
 #include "comm/algorithms/small_tcp.h"
 
 #include <bit>
@@ -57,7 +58,7 @@ void throwIfConflict(const Conflict& c, int me) {
   throw MismatchError(str("mismatched collective: rank ", c.first, " called ",
                           c.firstCall.describe(), " but rank ", c.second, " called ",
                           c.secondCall.describe(),
-                          own ? "" : str(" (found before rank ", me, " received it)")));
+                          own ? "" : str(" (as passed on to rank ", me, ")")));
 }
 
 }  // namespace

@@ -55,10 +55,6 @@
 // us.
 #include "comm/transport/mpi_transport.h"
 
-// The C API only: MPI's deprecated C++ bindings would need their own library.
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -75,6 +71,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "comm/transport/mpi_runtime.h"
+#include "comm/transport/peer_request.h"
+#include "comm/transport/tag_matcher.h"
+#include "comm/transport/wait_schedule.h"
 #include "common/bytes.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -82,201 +82,28 @@
 
 namespace hetra::comm {
 
+using namespace mpi;
+
 namespace {
 
-constexpr uint32_t kEnvelopeMagic = 0x314d5448;  // "HTM1" on the wire
-constexpr size_t kEnvelopeHeaderBytes = 40;
-// Messages up to this size travel inside their envelope: one MPI message instead of two.
-constexpr size_t kInlineBytes = 4096;
-constexpr size_t kEnvelopeBytes = kEnvelopeHeaderBytes + kInlineBytes;
-constexpr int kEnvelopeTag = 0;
-constexpr size_t kChunkBytes = size_t(1) << 30;
-// A larger size is a corrupt envelope.
-constexpr uint64_t kMaxMessageBytes = uint64_t(1) << 40;
 // A send to a peer that closed its transport fails if it has not completed this long after the
 // Close arrived (the data may still be draining when the Close overtakes the local completion).
 constexpr Millis kCloseGrace{500};
-// How long a destructor waits for cancelled or abandoned MPI requests, over all of them.
-constexpr Millis kReleaseGrace{250};
 // How long a destructor waits for its peers' Close before leaving its communicator to the reaper.
 constexpr Millis kCloseWait{50};
 // Poll schedule of a wait: spin, then yield the core, then sleep in slices.
-constexpr auto kSpinFor = std::chrono::microseconds(50);
-constexpr auto kYieldFor = std::chrono::milliseconds(20);
+constexpr WaitSchedule kWaitSchedule{std::chrono::microseconds(50), std::chrono::milliseconds(20)};
 constexpr auto kSleepSlice = std::chrono::microseconds(100);
-
-enum class EnvelopeType : uint16_t { Data = 1, Abort = 2, Close = 3 };
-
-// The envelope's header (40 bytes, little-endian): magic (u32), type (u16), zero (u16), group id
-// (u64), seq (u64; for Abort the culprit rank), hetra tag (u64), payload bytes (u64). An inline
-// data payload or an abort reason follows.
-struct Envelope {
-  EnvelopeType type = EnvelopeType::Data;
-  uint64_t group = 0;
-  uint64_t seq = 0;
-  uint64_t tag = 0;
-  uint64_t bytes = 0;
-};
-
-bool isInline(const Envelope& e) {
-  return e.type == EnvelopeType::Abort || (e.type == EnvelopeType::Data && e.bytes <= kInlineBytes);
-}
-
-std::vector<uint8_t> encodeEnvelope(const Envelope& e, const void* payload) {
-  const size_t extra = isInline(e) ? size_t(e.bytes) : 0;
-  std::vector<uint8_t> out(kEnvelopeHeaderBytes + extra, 0);
-  storeU32(out.data(), kEnvelopeMagic);
-  storeU16(out.data() + 4, uint16_t(e.type));
-  storeU64(out.data() + 8, e.group);
-  storeU64(out.data() + 16, e.seq);
-  storeU64(out.data() + 24, e.tag);
-  storeU64(out.data() + 32, e.bytes);
-  if (extra) std::memcpy(out.data() + kEnvelopeHeaderBytes, payload, extra);
-  return out;
-}
-
-// "" and `out` filled, or what is wrong with the `size` bytes received.
-std::string decodeEnvelope(const uint8_t* p, size_t size, Envelope& out) {
-  if (size < kEnvelopeHeaderBytes)
-    return str("an envelope needs ", kEnvelopeHeaderBytes, " bytes, got ", size);
-  if (loadU32(p) != kEnvelopeMagic) return str("bad envelope magic 0x", std::hex, loadU32(p));
-  const uint16_t type = loadU16(p + 4);
-  if (type < uint16_t(EnvelopeType::Data) || type > uint16_t(EnvelopeType::Close))
-    return str("unknown envelope type ", type);
-  if (loadU16(p + 6) != 0) return "non-zero padding in an envelope";
-  out.type = EnvelopeType(type);
-  out.group = loadU64(p + 8);
-  out.seq = loadU64(p + 16);
-  out.tag = loadU64(p + 24);
-  out.bytes = loadU64(p + 32);
-  if (isInline(out) && out.bytes > kInlineBytes)
-    return str("an abort envelope announces ", out.bytes, " bytes, more than ", kInlineBytes);
-  if (out.bytes > kMaxMessageBytes)
-    return str("an envelope announces ", out.bytes, " bytes, more than ", kMaxMessageBytes);
-  const size_t expected = kEnvelopeHeaderBytes + (isInline(out) ? size_t(out.bytes) : 0);
-  if (size != expected)
-    return str("an envelope of ", size, " bytes announces ", out.bytes, " payload bytes");
-  return "";
-}
-
-std::string mpiErrorText(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return str("MPI error code ", code);
-  return std::string(text, size_t(length));
-}
-
-const char* threadLevelName(int level) {
-  switch (level) {
-    case MPI_THREAD_SINGLE:
-      return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED:
-      return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED:
-      return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE:
-      return "MPI_THREAD_MULTIPLE";
-    default:
-      return "an unknown level";
-  }
-}
-
-// Buffers of MPI requests that did not complete in time and were freed with MPI_Request_free:
-// MPI may still use them, so they live until the process ends.
-void leak(std::vector<uint8_t>&& buffer) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::vector<uint8_t>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  kept->push_back(std::move(buffer));
-}
-
-// --- the process-wide MPI runtime ---
-
-std::mutex gRuntimeMutex;
-std::optional<MpiProcess> gProcess;
-int gTagUb = 32767;
-
-void finalizeAtExit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
-}
-
-std::string jobIdentity() {
-  if (const char* ns = std::getenv("PMIX_NAMESPACE"); ns && *ns) return str("pmix:", ns);
-  if (const char* id = std::getenv("OMPI_MCA_ess_base_jobid"); id && *id) return str("ompi:", id);
-  return str("singleton:", net::hostName(), ":", getpid());
-}
-
-}  // namespace
-
-MpiProcess initMpi() {
-  std::lock_guard<std::mutex> lock(gRuntimeMutex);
-  if (gProcess) return *gProcess;
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) throw ConfigError("mpi transport: MPI was already finalised in this process");
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  int provided = MPI_THREAD_SINGLE;
-  if (initialized) {
-    // The application owns MPI: it initialised it and finalises it.
-    MPI_Query_thread(&provided);
-  } else {
-    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    if (rc != MPI_SUCCESS)
-      throw IoError(str("mpi transport: MPI_Init_thread failed (code ", rc, ")"));
-    std::atexit(finalizeAtExit);
-    // Our calls on MPI_COMM_WORLD (creating group communicators) report errors instead of ending
-    // the job; each group communicator gets the same handler below.
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  }
-  if (provided < MPI_THREAD_MULTIPLE)
-    throw ConfigError(str("mpi transport: the MPI library provides ", threadLevelName(provided),
-                          "; hetra needs MPI_THREAD_MULTIPLE (a communicator's progress thread and "
-                          "its callers use MPI at once). Use an MPI built with thread support, or "
-                          "initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)"));
-  MpiProcess process;
-  MPI_Comm_rank(MPI_COMM_WORLD, &process.worldRank);
-  MPI_Comm_size(MPI_COMM_WORLD, &process.worldSize);
-  process.job = jobIdentity();
-  int* tagUb = nullptr;
-  int found = 0;
-  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tagUb, &found) == MPI_SUCCESS && found &&
-      tagUb)
-    gTagUb = std::max(32767, *tagUb);
-  HETRA_DEBUG("comm", "mpi: initialised, world rank ", process.worldRank, " of ", process.worldSize,
-              ", job ", process.job, ", tag upper bound ", gTagUb);
-  gProcess = process;
-  return process;
-}
-
-namespace {
 
 class MpiTransport;
 
-class MpiRequest final : public Request {
+class MpiRequest final : public PeerRequest<MpiRequest, MpiTransport> {
  public:
-  MpiRequest(MpiTransport& transport, bool isSend, int peer, uint64_t tag, uint8_t* data,
-             size_t bytes)
-      : transport_(transport),
-        isSend_(isSend),
-        peer_(peer),
-        tag_(tag),
-        data_(data),
-        bytes_(bytes) {}
+  using PeerRequest::PeerRequest;
   ~MpiRequest() override;
-  void wait(Deadline deadline) override;
-  std::string describe() const;
 
  private:
   friend class MpiTransport;
-  MpiTransport& transport_;
-  const bool isSend_;
-  const int peer_;
-  const uint64_t tag_;
-  uint8_t* const data_;
-  const size_t bytes_;
   // Guarded by the transport's mutex.
   std::vector<MPI_Request> mpi_;    // sends: envelope then data chunks; receives: data chunks
   std::vector<size_t> chunkBytes_;  // receives: the expected size of each data chunk
@@ -294,44 +121,17 @@ struct Arrived {
   std::vector<uint8_t> payload;  // inline payloads only
 };
 
-// An MPI send nobody waits for (abort and close envelopes), with its buffer.
-struct Orphan {
-  MPI_Request request = MPI_REQUEST_NULL;
-  std::vector<uint8_t> buffer;
-};
-
 struct Peer {
   std::vector<uint8_t> inbox;
   MPI_Request inboxRequest = MPI_REQUEST_NULL;
   uint64_t sendSeq = 0;  // next data chunk to this peer
   uint64_t sendBase = 0;
   uint64_t recvBase = 0;
-  std::unordered_map<uint64_t, std::deque<MpiRequest*>> posted;
-  std::unordered_map<uint64_t, std::deque<Arrived>> arrived;
+  TagMatcher<MpiRequest*, Arrived> matcher;
   std::set<uint64_t> pendingSeqs;  // first seq of arrived data envelopes not yet received
   bool closed = false;
   Clock::time_point closedAt;
 };
-
-// The communicator of a destroyed transport, kept until every peer's Close arrived.
-struct Parked {
-  struct Inbox {
-    int peer = -1;
-    std::vector<uint8_t> buffer;
-    MPI_Request request = MPI_REQUEST_NULL;
-    bool closed = false;
-  };
-  MPI_Comm comm = MPI_COMM_NULL;
-  uint64_t group = 0;
-  bool failed = false;
-  std::vector<Inbox> inboxes;  // peers whose Close has not arrived yet
-  std::vector<Orphan> orphans;
-};
-
-std::mutex gParkedMutex;
-std::vector<Parked> gParked;
-void park(Parked&& parked);
-void reapLocked();
 
 uint64_t mix(uint64_t x) {
   x ^= x >> 33;
@@ -349,7 +149,7 @@ class MpiTransport final : public Transport {
         rank_(rank),
         size_(size),
         group_(group),
-        tagRange_(uint64_t(gTagUb)),
+        tagRange_(uint64_t(tagUpperBound())),
         hosts_(std::move(hosts)),
         peers_(size_t(size)) {
     for (int peer = 0; peer < size_; ++peer) {
@@ -422,15 +222,6 @@ class MpiTransport final : public Transport {
 
 // --- MpiRequest ---
 
-std::string MpiRequest::describe() const {
-  return str(isSend_ ? "send of " : "receive of ", bytes_, " bytes ", isSend_ ? "to " : "from ",
-             transport_.who(peer_), " (tag ", tag_, ")");
-}
-
-void MpiRequest::wait(Deadline deadline) {
-  transport_.wait(*this, deadline);
-}
-
 MpiRequest::~MpiRequest() {
   transport_.release(*this);
 }
@@ -502,15 +293,13 @@ std::unique_ptr<Request> MpiTransport::irecv(int peer, uint64_t tag, void* data,
   std::lock_guard<std::mutex> lock(mutex_);
   if (failure_) std::rethrow_exception(failure_);
   Peer& p = peers_[size_t(peer)];
-  if (auto found = p.arrived.find(tag); found != p.arrived.end() && !found->second.empty()) {
+  if (p.matcher.oldestArrived(tag)) {
     // The oldest envelope of this tag arrived first: it is this receive's.
-    Arrived message = std::move(found->second.front());
-    found->second.pop_front();
-    if (found->second.empty()) p.arrived.erase(found);
+    Arrived message = p.matcher.takeArrived(tag);
     if (!message.inlined) p.pendingSeqs.erase(message.seq);
     match(*request, message.seq, message.bytes, message.inlined ? message.payload.data() : nullptr);
   } else {
-    p.posted[tag].push_back(request.get());
+    p.matcher.post(tag, request.get());
     request->queued_ = true;
     checkClosed(peer);
   }
@@ -523,8 +312,7 @@ void MpiTransport::match(MpiRequest& request, uint64_t seq, uint64_t bytes,
   const int peer = request.peer_;
   if (bytes != request.bytes_) {
     const std::string message =
-        str("mpi: ", who(peer), " sent a message of ", bytes, " bytes with tag ", request.tag_,
-            " but rank ", rank_, " posted a receive of ", request.bytes_, " bytes for it");
+        sizeMismatchMessage("mpi", who(peer), bytes, request.tag_, rank_, request.bytes_);
     failLocked(std::make_exception_ptr(MismatchError(message)), rank_, message);
     return;
   }
@@ -637,11 +425,8 @@ void MpiTransport::handleEnvelope(int peer, size_t size) {
   const uint8_t* payload = p.inbox.data() + kEnvelopeHeaderBytes;
   switch (e.type) {
     case EnvelopeType::Data: {
-      auto found = p.posted.find(e.tag);
-      if (found != p.posted.end() && !found->second.empty()) {
-        MpiRequest& request = *found->second.front();
-        found->second.pop_front();
-        if (found->second.empty()) p.posted.erase(found);
+      if (p.matcher.oldestPosted(e.tag)) {
+        MpiRequest& request = *p.matcher.takePosted(e.tag);
         request.queued_ = false;
         match(request, e.seq, e.bytes, payload);
         return;
@@ -654,7 +439,7 @@ void MpiTransport::handleEnvelope(int peer, size_t size) {
         message.payload.assign(payload, payload + e.bytes);
       else
         p.pendingSeqs.insert(e.seq);
-      p.arrived[e.tag].push_back(std::move(message));
+      p.matcher.addArrived(e.tag, std::move(message));
       return;
     }
     case EnvelopeType::Abort: {
@@ -676,13 +461,11 @@ void MpiTransport::handleEnvelope(int peer, size_t size) {
 void MpiTransport::checkClosed(int peer) {
   Peer& p = peers_[size_t(peer)];
   if (!p.closed || failure_) return;
-  for (const auto& [tag, posted] : p.posted) {
-    if (posted.empty()) continue;
-    const std::string message = str(who(peer), " closed its transport before the ",
-                                    posted.front()->describe(), " on rank ", rank_, " completed");
-    failLocked(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
-    return;
-  }
+  const auto* stranded = p.matcher.anyPosted();
+  if (!stranded) return;
+  const std::string message = str(who(peer), " closed its transport before the ",
+                                  (*stranded)->describe(), " on rank ", rank_, " completed");
+  failLocked(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
 }
 
 void MpiTransport::sendOrphan(int peer, const Envelope& envelope, const std::string& payload) {
@@ -755,11 +538,17 @@ void MpiTransport::wait(MpiRequest& request, Deadline deadline) {
           failLocked(std::make_exception_ptr(TimeoutError(message)), request.peer_, message));
     }
     lock.unlock();
-    const auto waited = now - start;
-    if (waited >= kYieldFor)
-      std::this_thread::sleep_for(std::min<Clock::duration>(kSleepSlice, deadline - now));
-    else if (waited >= kSpinFor)
-      sched_yield();
+    // MPI has no blocking wait with a deadline: "blocking" is sleeping in slices.
+    switch (kWaitSchedule.phase(now - start)) {
+      case WaitPhase::kBlock:
+        std::this_thread::sleep_for(std::min<Clock::duration>(kSleepSlice, deadline - now));
+        break;
+      case WaitPhase::kYield:
+        sched_yield();
+        break;
+      case WaitPhase::kSpin:
+        break;
+    }
     lock.lock();
   }
 }
@@ -774,12 +563,7 @@ void MpiTransport::release(MpiRequest& request) {
   if (request.done_) return;
   Peer& p = peers_[size_t(request.peer_)];
   if (request.queued_) {
-    auto posted = p.posted.find(request.tag_);
-    if (posted != p.posted.end()) {
-      auto found = std::find(posted->second.begin(), posted->second.end(), &request);
-      if (found != posted->second.end()) posted->second.erase(found);
-      if (posted->second.empty()) p.posted.erase(posted);
-    }
+    p.matcher.cancel(request.tag_, &request);
     request.queued_ = false;
   }
   if (!failure_) {
@@ -858,97 +642,6 @@ MpiTransport::~MpiTransport() {
   park(std::move(parked));
 }
 
-// --- communicators of destroyed transports ---
-
-void park(Parked&& parked) {
-  std::lock_guard<std::mutex> lock(gParkedMutex);
-  if (parked.failed) {
-    // Peers of a failed group may still send (aborts, data) and never send Close: the communicator
-    // is never freed (a late message to a freed communicator can reach a later one that reuses its
-    // context id, which Open MPI 4.1 does not survive). Its inboxes are cancelled.
-    for (auto& in : parked.inboxes)
-      if (in.request != MPI_REQUEST_NULL) MPI_Cancel(&in.request);
-    const Deadline until = deadlineAfter(kReleaseGrace);
-    for (;;) {
-      bool pending = false;
-      for (auto& in : parked.inboxes) {
-        int flag = 1;
-        if (in.request != MPI_REQUEST_NULL) MPI_Test(&in.request, &flag, MPI_STATUS_IGNORE);
-        pending = pending || !flag;
-      }
-      if (!pending || Clock::now() >= until) break;
-      sched_yield();
-    }
-    for (auto& in : parked.inboxes)
-      if (in.request != MPI_REQUEST_NULL) {
-        MPI_Request_free(&in.request);
-        leak(std::move(in.buffer));
-      }
-    for (auto& o : parked.orphans) {
-      MPI_Request_free(&o.request);
-      leak(std::move(o.buffer));
-    }
-    HETRA_DEBUG("comm", "mpi: the communicator of a failed group stays allocated");
-    return;
-  }
-  gParked.push_back(std::move(parked));
-  reapLocked();
-}
-
-// Frees the parked communicators whose peers all closed: no message can reach them any more.
-void reapLocked() {
-  for (auto it = gParked.begin(); it != gParked.end();) {
-    Parked& p = *it;
-    for (auto& in : p.inboxes) {
-      while (in.request != MPI_REQUEST_NULL) {
-        int flag = 0;
-        MPI_Status status;
-        if (MPI_Test(&in.request, &flag, &status) != MPI_SUCCESS) {
-          in.request = MPI_REQUEST_NULL;
-          in.closed = true;  // an error here: the peer is gone
-          break;
-        }
-        if (!flag) break;
-        int count = 0;
-        MPI_Get_count(&status, MPI_BYTE, &count);
-        Envelope e;
-        if (decodeEnvelope(in.buffer.data(), size_t(std::max(count, 0)), e).empty() &&
-            e.group == p.group && e.type == EnvelopeType::Close) {
-          in.closed = true;
-          break;
-        }
-        // Anything else (a message nobody received any more) is dropped.
-        MPI_Irecv(in.buffer.data(), int(kEnvelopeBytes), MPI_BYTE, in.peer, kEnvelopeTag, p.comm,
-                  &in.request);
-      }
-    }
-    for (auto& o : p.orphans) {
-      int flag = 0;
-      if (MPI_Test(&o.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-        o.request = MPI_REQUEST_NULL;
-    }
-    p.orphans.erase(std::remove_if(p.orphans.begin(), p.orphans.end(),
-                                   [](const Orphan& o) { return o.request == MPI_REQUEST_NULL; }),
-                    p.orphans.end());
-    const bool done =
-        p.orphans.empty() && std::all_of(p.inboxes.begin(), p.inboxes.end(),
-                                         [](const Parked::Inbox& in) { return in.closed; });
-    if (!done) {
-      ++it;
-      continue;
-    }
-    MPI_Comm_free(&p.comm);
-    it = gParked.erase(it);
-  }
-}
-
-void reapParked() {
-  std::lock_guard<std::mutex> lock(gParkedMutex);
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) reapLocked();
-}
-
 }  // namespace
 
 std::unique_ptr<Transport> createMpiTransport(std::shared_ptr<store::Store> store, int rank,
@@ -1014,7 +707,8 @@ std::unique_ptr<Transport> createMpiTransport(std::shared_ptr<store::Store> stor
   int rc = MPI_Comm_group(MPI_COMM_WORLD, &world);
   if (rc == MPI_SUCCESS) rc = MPI_Group_incl(world, size, worldRanks.data(), &members);
   if (rc == MPI_SUCCESS)
-    rc = MPI_Comm_create_group(MPI_COMM_WORLD, members, int(group % uint64_t(gTagUb)), &comm);
+    rc = MPI_Comm_create_group(MPI_COMM_WORLD, members, int(group % uint64_t(tagUpperBound())),
+                               &comm);
   if (members != MPI_GROUP_NULL) MPI_Group_free(&members);
   if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
   if (rc != MPI_SUCCESS || comm == MPI_COMM_NULL)

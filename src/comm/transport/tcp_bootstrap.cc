@@ -26,15 +26,6 @@ void ignoreSigpipe() {
   });
 }
 
-std::string addressOf(const sockaddr* addr, socklen_t len) {
-  char host[NI_MAXHOST];
-  char port[NI_MAXSERV];
-  if (::getnameinfo(addr, len, host, sizeof host, port, sizeof port,
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return "?";
-  return addr->sa_family == AF_INET6 ? str("[", host, "]:", port) : str(host, ":", port);
-}
-
 // Blocking-style helpers for connection setup on a non-blocking socket, bounded by a deadline.
 void waitReady(int fd, short events, Deadline deadline, const std::string& what) {
   for (;;) {
@@ -87,43 +78,16 @@ std::string randomGroupId() {
 
 void TcpTransport::listen() {
   const std::string& host = options_.listenAddress;
-  const bool any = host.empty() || host == "*" || host == "0.0.0.0";
-  addrinfo hints{};
-  hints.ai_family = any ? AF_INET : AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const int rc = ::getaddrinfo(any ? nullptr : host.c_str(), "0", &hints, &res);
-  if (rc != 0)
-    throw IoError(
-        str("tcp transport: cannot listen on '", host, "' (rank ", rank_, "): ", gai_strerror(rc)));
-  std::string lastError = "no address";
-  for (addrinfo* ai = res; ai && listenFd_ < 0; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      lastError = errnoText(errno);
-      continue;
-    }
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
-      listenFd_ = fd;
-    } else {
-      lastError = errnoText(errno);
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(res);
-  if (listenFd_ < 0)
-    throw IoError(
-        str("tcp transport: cannot listen on '", host, "' (rank ", rank_, "): ", lastError));
+  const net::Listener listener =
+      net::listenOn(host, 0, false, str("tcp transport (rank ", rank_, ")"));
+  listenFd_ = listener.fd;
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
   ::getsockname(listenFd_, reinterpret_cast<sockaddr*>(&bound), &len);
-  listenAddress_ = addressOf(reinterpret_cast<sockaddr*>(&bound), len);
-  if (any) {
-    // Peers on other hosts need a name they can reach, not the wildcard.
-    const auto port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    listenAddress_ = str(net::hostName(), ":", port);
-  }
+  // Peers on other hosts need a name they can reach, not the wildcard.
+  listenAddress_ = net::isWildcardHost(host)
+                       ? str(net::hostName(), ":", listener.port)
+                       : net::socketAddress(reinterpret_cast<sockaddr*>(&bound), len);
 }
 
 std::string TcpTransport::helloProblem(const Hello& hello, int expectedRank) const {
@@ -249,7 +213,7 @@ void TcpTransport::acceptLoop() {
         if (fd < 0) break;
         Pending c;
         c.fd = fd;
-        c.address = addressOf(reinterpret_cast<sockaddr*>(&addr), len);
+        c.address = net::socketAddress(reinterpret_cast<sockaddr*>(&addr), len);
         c.deadline = deadlineAfter(options_.auth.handshakeTimeout);
         if (pending.size() >= kMaxPendingConnections) {
           refuse(c, str(kMaxPendingConnections, " connections are already in their handshake"));

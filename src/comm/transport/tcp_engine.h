@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -31,8 +32,11 @@
 #include <unordered_map>
 
 #include "comm/transport/abort_record.h"
+#include "comm/transport/peer_request.h"
+#include "comm/transport/tag_matcher.h"
 #include "comm/transport/tcp_transport.h"
 #include "comm/transport/tcp_wire.h"
+#include "comm/transport/wait_schedule.h"
 #include "common/bytes.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -47,6 +51,14 @@ namespace hetra::comm::tcp {
 constexpr Millis kRecordGrace{500};
 // A request that waits this long reads the group's abort record, and again at this interval.
 constexpr Millis kProbeInterval{200};
+// A wait polls its connections for this long before it blocks in epoll_wait (the schedule of
+// wait_schedule.h): long enough to catch a small message's reply over loopback or a LAN, short
+// enough that a rank waiting for a slow peer soon leaves the core to others.
+constexpr WaitSchedule kWaitSchedule{std::chrono::microseconds(50), std::chrono::microseconds(50)};
+// Waits in a row whose spin ended without the message before waits stop spinning; then every
+// kSpinRetryEvery-th wait spins again, to notice when spinning pays again.
+constexpr int kMaxSpinMisses = 4;
+constexpr uint32_t kSpinRetryEvery = 64;
 // Per-connection read buffer: small frames are read many per system call.
 constexpr size_t kStageBytes = 64 << 10;
 // Messages nobody has posted a receive for yet, over all peers.
@@ -90,28 +102,13 @@ class TokenBucket {
 
 class TcpTransport;
 
-class TcpRequest final : public Request {
+class TcpRequest final : public PeerRequest<TcpRequest, TcpTransport> {
  public:
-  TcpRequest(TcpTransport& transport, bool isSend, int peer, uint64_t tag, uint8_t* data,
-             size_t bytes)
-      : transport_(transport),
-        isSend_(isSend),
-        peer_(peer),
-        tag_(tag),
-        data_(data),
-        bytes_(bytes) {}
+  using PeerRequest::PeerRequest;
   ~TcpRequest() override;
-  void wait(Deadline deadline) override;
-  std::string describe() const;
 
  private:
   friend class TcpTransport;
-  TcpTransport& transport_;
-  const bool isSend_;
-  const int peer_;
-  const uint64_t tag_;
-  uint8_t* const data_;
-  const size_t bytes_;
   // Guarded by the transport's mutex.
   uint8_t header_[kTcpFrameHeaderBytes] = {};  // sends: the frame header
   size_t progress_ = 0;  // sends: header + payload bytes written; receives: payload bytes read
@@ -148,8 +145,7 @@ struct Peer {
   bool paused = false;  // a frame has neither: not read until a receive is posted or memory frees
   bool dead = false;    // the connection dropped; no longer polled
   bool closed = false;  // the peer sent Close: its end of the stream is not a fault
-  std::unordered_map<uint64_t, std::deque<TcpRequest*>> posted;
-  std::unordered_map<uint64_t, std::deque<std::shared_ptr<Unexpected>>> arrived;
+  TagMatcher<TcpRequest*, std::shared_ptr<Unexpected>> matcher;
 };
 
 class TcpTransport final : public Transport {
@@ -247,6 +243,8 @@ class TcpTransport final : public Transport {
   bool formed_ = false;  // every peer connected: later connections are strangers
   bool driving_ = false;
   int followers_ = 0;
+  int spinMisses_ = 0;  // see wait()
+  uint32_t waitsWithoutSpin_ = 0;
   std::optional<TokenBucket> bucket_;
   bool throttled_ = false;
   size_t unexpectedBytes_ = 0;

@@ -17,8 +17,8 @@ namespace hetra::comm {
 uint64_t tcpRateLimitFromEnvironment();
 
 // HETRA_TCP_RATE_LIMIT's text ("0", "125000000", "125MB", "1gbit", "20MB/s", "512KiB") to bytes
-// per second, as hetra::parseRate reads it, at most 1PB/s; ConfigError naming `source` and the value
-// when malformed.
+// per second, as hetra::parseRate reads it, at most 1PB/s; ConfigError naming `source` and the
+// value when malformed.
 uint64_t parseRate(const std::string& text, const std::string& source);
 
 struct TcpOptions {

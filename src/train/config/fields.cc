@@ -1,36 +1,25 @@
 #include "train/config/fields.h"
 
-#include <algorithm>
-#include <cmath>
+#include "common/units.h"
 
 namespace hetra::train::cfg {
 namespace {
 
-// A "LATENCY,BANDWIDTH" link cost such as "5us,5GB/s": the forms comm::parseLinkCost reads (this
-// library does not link hetra_comm, so the check is repeated here). Empty: the text is fine.
+// A "LATENCY,BANDWIDTH" link cost such as "5us,5GB/s", read with the parsers comm::parseLinkCost
+// uses (common/units.h), so the config accepts exactly what the communicator will. Empty: the
+// text is fine.
 std::string linkCostProblem(const std::string& text) {
-  auto unitOk = [](const std::string& part, const std::vector<std::string>& units, bool positive) {
-    size_t used = 0;
-    double value = 0;
-    try {
-      value = std::stod(part, &used);
-    } catch (const std::exception&) {
-      return false;
-    }
-    std::string unit = part.substr(used);
-    std::transform(unit.begin(), unit.end(), unit.begin(),
-                   [](unsigned char c) { return std::tolower(c); });
-    return used > 0 && std::isfinite(value) && (positive ? value > 0 : value >= 0) &&
-           std::find(units.begin(), units.end(), unit) != units.end();
-  };
   const size_t comma = text.find(',');
-  if (comma == std::string::npos ||
-      !unitOk(text.substr(0, comma), {"s", "ms", "us", "ns"}, false) ||
-      !unitOk(text.substr(comma + 1), {"b/s", "kb/s", "mb/s", "gb/s", "kbit", "mbit", "gbit"},
-              true))
-    return "expected \"LATENCY,BANDWIDTH\" such as \"5us,5GB/s\" or \"50us,1gbit\" (latency in "
-           "s, ms, us or ns; bandwidth > 0 in B/s, KB/s, MB/s, GB/s, kbit, mbit or gbit)";
-  return "";
+  try {
+    if (comma != std::string::npos) {
+      parseSeconds(text.substr(0, comma), "latency");
+      if (parseRate(text.substr(comma + 1), "bandwidth", RateUnit::kRequired) > 0) return "";
+    }
+  } catch (const ConfigError&) {
+    // Said below, with the forms allowed.
+  }
+  return "expected \"LATENCY,BANDWIDTH\" such as \"5us,5GB/s\" or \"50us,1gbit\" (latency in "
+         "s, ms, us or ns; bandwidth > 0 in B/s, KB/s, MB/s, GB/s, kbit, mbit or gbit)";
 }
 
 Field<DeviceConfig> memoryField() {
@@ -256,20 +245,23 @@ const Fields<DeviceConfig>& deviceFields() {
   return fields;
 }
 
+const std::vector<std::string>& sectionNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    forEachSection([&](const char* section, auto, const auto&) { n.push_back(section); });
+    n.push_back("devices");
+    return n;
+  }();
+  return names;
+}
+
 std::vector<std::pair<std::string, std::string>> allKeys() {
   std::vector<std::pair<std::string, std::string>> keys;  // (leaf, full key)
-  auto add = [&](const std::string& section, const std::vector<std::string>& leaves) {
-    for (const auto& l : leaves) keys.push_back({l, section + "." + l});
+  auto add = [&](const std::string& section, const auto& fields) {
+    for (const auto& leaf : keysOf(fields)) keys.push_back({leaf, section + "." + leaf});
   };
-  add("model", keysOf(modelFields()));
-  add("data", keysOf(dataFields()));
-  add("train", keysOf(trainFields()));
-  add("balance", keysOf(balanceFields()));
-  add("comm", keysOf(commFields()));
-  add("elastic", keysOf(elasticFields()));
-  add("topology", keysOf(topologyFields()));
-  add("launch", keysOf(launchFields()));
-  add("devices[i]", keysOf(deviceFields()));
+  forEachSection([&](const char* section, auto, const auto& fields) { add(section, fields); });
+  add("devices[i]", deviceFields());
   return keys;
 }
 
@@ -289,16 +281,12 @@ bool isTextKey(const std::vector<std::string>& path) {
     return false;
   };
   if (path.size() == 3 && path[0] == "devices") return textIn(deviceFields(), path[2]);
-  if (path.size() != 2) return false;
-  if (path[0] == "model") return textIn(modelFields(), path[1]);
-  if (path[0] == "data") return textIn(dataFields(), path[1]);
-  if (path[0] == "train") return textIn(trainFields(), path[1]);
-  if (path[0] == "balance") return textIn(balanceFields(), path[1]);
-  if (path[0] == "comm") return textIn(commFields(), path[1]);
-  if (path[0] == "elastic") return textIn(elasticFields(), path[1]);
-  if (path[0] == "topology") return textIn(topologyFields(), path[1]);
-  if (path[0] == "launch") return textIn(launchFields(), path[1]);
-  return false;
+  bool text = false;
+  if (path.size() == 2)
+    forEachSection([&](const char* section, auto, const auto& fields) {
+      if (path[0] == section) text = textIn(fields, path[1]);
+    });
+  return text;
 }
 
 }  // namespace hetra::train::cfg

@@ -21,9 +21,23 @@ const Fields<TopologyConfig>& topologyFields();
 const Fields<LaunchConfig>& launchFields();
 const Fields<DeviceConfig>& deviceFields();  // one [[devices]] entry
 
-// The top-level names of the file, in the order toToml writes them.
-inline const std::vector<std::string> kSections = {
-    "model", "data", "train", "balance", "comm", "elastic", "topology", "launch", "devices"};
+// Calls fn(name, member, fields) for each table section of RunConfig, in the order toToml writes
+// them: the one list of sections that reading, --set, suggestions and the writer walk.
+// [[devices]] is a list of tables, handled apart.
+template <class Fn>
+void forEachSection(Fn&& fn) {
+  fn("model", &RunConfig::model, modelFields());
+  fn("data", &RunConfig::data, dataFields());
+  fn("train", &RunConfig::train, trainFields());
+  fn("balance", &RunConfig::balance, balanceFields());
+  fn("comm", &RunConfig::comm, commFields());
+  fn("elastic", &RunConfig::elastic, elasticFields());
+  fn("topology", &RunConfig::topology, topologyFields());
+  fn("launch", &RunConfig::launch, launchFields());
+}
+
+// The top-level names of the file: the table sections, then "devices".
+const std::vector<std::string>& sectionNames();
 
 template <class S>
 std::vector<std::string> keysOf(const Fields<S>& fields) {

@@ -72,10 +72,11 @@ void applySet(toml::table& root, const std::string& set) {
     throw ConfigError(str(origin, ": expected key=value, e.g. --set train.lr=0.05"));
   std::vector<std::string> path = splitKey(trim(set.substr(0, eq)), origin);
   std::string text = trim(set.substr(eq + 1));
-  if (std::find(kSections.begin(), kSections.end(), path[0]) == kSections.end()) {
-    std::string near = closest(path[0], kSections);
+  const std::vector<std::string>& sections = sectionNames();
+  if (std::find(sections.begin(), sections.end(), path[0]) == sections.end()) {
+    std::string near = closest(path[0], sections);
     throw ConfigError(str(origin, ": unknown key ", join(path, "."),
-                          near.empty() ? str(" (sections: ", join(kSections, ", "), ")")
+                          near.empty() ? str(" (sections: ", join(sections, ", "), ")")
                                        : str(" (did you mean ", near, "?)")));
   }
   const bool wasText = isTextKey(path);

@@ -50,31 +50,22 @@ void readRoot(RunConfig& config, const toml::table& root, Reader& reader) {
   for (auto&& [k, node] : root) {
     std::string name(k.str());
     Site site{reader, name, node};
-    if (name == "model") {
-      readSection(config.model, site, modelFields());
-    } else if (name == "data") {
-      readSection(config.data, site, dataFields());
-    } else if (name == "train") {
-      readSection(config.train, site, trainFields());
-    } else if (name == "balance") {
-      readSection(config.balance, site, balanceFields());
-    } else if (name == "comm") {
-      readSection(config.comm, site, commFields());
-    } else if (name == "elastic") {
-      readSection(config.elastic, site, elasticFields());
-    } else if (name == "topology") {
-      readSection(config.topology, site, topologyFields());
-    } else if (name == "launch") {
-      readSection(config.launch, site, launchFields());
-    } else if (name == "devices") {
+    if (name == "devices") {
       readDevices(config, site);
-    } else {
-      std::string near = closest(name, kSections);
-      if (!near.empty()) site.fail(str("unknown section (did you mean ", near, "?)"));
-      for (const auto& [leaf, full] : allKeys())
-        if (leaf == name) site.fail(str("unknown key (did you mean ", full, "?)"));
-      site.fail(str("unknown key; the sections are ", join(kSections, ", ")));
+      continue;
     }
+    bool known = false;
+    forEachSection([&](const char* section, auto member, const auto& fields) {
+      if (name != section) return;
+      readSection(config.*member, site, fields);
+      known = true;
+    });
+    if (known) continue;
+    std::string near = closest(name, sectionNames());
+    if (!near.empty()) site.fail(str("unknown section (did you mean ", near, "?)"));
+    for (const auto& [leaf, full] : allKeys())
+      if (leaf == name) site.fail(str("unknown key (did you mean ", full, "?)"));
+    site.fail(str("unknown key; the sections are ", join(sectionNames(), ", ")));
   }
 }
 

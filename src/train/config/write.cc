@@ -28,22 +28,10 @@ void writeTable(std::ostringstream& os, const S& s, const Fields<S>& fields) {
 std::string toToml(const RunConfig& config) {
   std::ostringstream os;
   os << "# hetra run: the effective configuration (defaults, then the file, then each --set).\n";
-  os << "\n[model]\n";
-  writeTable(os, config.model, modelFields());
-  os << "\n[data]\n";
-  writeTable(os, config.data, dataFields());
-  os << "\n[train]\n";
-  writeTable(os, config.train, trainFields());
-  os << "\n[balance]\n";
-  writeTable(os, config.balance, balanceFields());
-  os << "\n[comm]\n";
-  writeTable(os, config.comm, commFields());
-  os << "\n[elastic]\n";
-  writeTable(os, config.elastic, elasticFields());
-  os << "\n[topology]\n";
-  writeTable(os, config.topology, topologyFields());
-  os << "\n[launch]\n";
-  writeTable(os, config.launch, launchFields());
+  forEachSection([&](const char* section, auto member, const auto& fields) {
+    os << "\n[" << section << "]\n";
+    writeTable(os, config.*member, fields);
+  });
   for (const auto& device : config.devices) {
     os << "\n[[devices]]\n";
     writeTable(os, device, deviceFields());

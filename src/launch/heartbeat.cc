@@ -1,5 +1,5 @@
 // Vocabulary: see heartbeat.h.
-#include "common/heartbeat.h"
+#include "launch/heartbeat.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -14,19 +14,17 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/net.h"
+#include "common/params.h"
 
-namespace hetra {
+namespace hetra::launch {
 namespace {
 
-constexpr const char* kChannelsVar = "HETRA_RANK_CHANNELS";
+const Param kChannels("HETRA_RANK_CHANNELS", "",
+                      "Set by hetra launch and hetra run for each local rank: its heartbeat "
+                      "interval and pipes (\"<interval ms>;<stderr fd or -1>,<heartbeat fd>\").");
 // A line written with one write() of at most PIPE_BUF bytes is never interleaved with another.
 constexpr size_t kMaxMessage = 3000;
-
-std::string hostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
 
 void writeAll(int fd, const std::string& text) {
   size_t done = 0;
@@ -86,46 +84,35 @@ std::string processState(int pid) {
 
 // ---- rank side ----
 
-std::unique_ptr<RankChannel> RankChannel::fromEnvironment(int rank) {
-  const char* value = std::getenv(kChannelsVar);
-  if (!value || !*value) return nullptr;
-  // "<interval ms>;<stderr fd>,<heartbeat fd>;..." one pair per rank.
-  std::vector<std::pair<int, int>> pairs;
+std::unique_ptr<RankChannel> RankChannel::fromEnvironment() {
+  const std::string value = kChannels.str();
+  if (value.empty()) return nullptr;
+  // "<interval ms>;<stderr fd or -1>,<heartbeat fd>": this rank's pipes only.
   long intervalMs = 0;
-  {
-    std::istringstream in(value);
-    std::string field;
-    if (!std::getline(in, field, ';'))
-      throw ConfigError(str(kChannelsVar, "='", value, "' is malformed"));
-    intervalMs = std::strtol(field.c_str(), nullptr, 10);
-    while (std::getline(in, field, ';')) {
-      int err = -1, beat = -1;
-      if (std::sscanf(field.c_str(), "%d,%d", &err, &beat) != 2)
-        throw ConfigError(str(kChannelsVar, "='", value, "' is malformed"));
-      pairs.emplace_back(err, beat);
-    }
+  int err = -1, beat = -1;
+  char rest = 0;
+  if (std::sscanf(value.c_str(), "%ld;%d,%d%c", &intervalMs, &err, &beat, &rest) != 3 ||
+      intervalMs <= 0 || beat < 0 || err < -1)
+    throw ConfigError(
+        str(kChannels.env(), "='", value,
+            "' is malformed; expected <interval ms>;<stderr fd or -1>,<heartbeat fd>"));
+  if (::fcntl(beat, F_GETFD) < 0)
+    throw ConfigError(str(kChannels.env(), "='", value, "': fd ", beat, " is not open"));
+  if (err >= 0) {
+    if (::dup2(err, STDERR_FILENO) < 0)
+      throw IoError(str("cannot send stderr to the launcher: ", std::strerror(errno)));
+    if (err != STDERR_FILENO) ::close(err);
   }
-  if (rank < 0 || rank >= int(pairs.size()) || intervalMs <= 0)
-    throw ConfigError(str(kChannelsVar, "='", value, "' has no channel for rank ", rank));
-  // The other ranks' ends must go, or their pipes would never report end of file.
-  for (int r = 0; r < int(pairs.size()); ++r)
-    if (r != rank) {
-      ::close(pairs[size_t(r)].first);
-      ::close(pairs[size_t(r)].second);
-    }
-  const auto [err, beat] = pairs[size_t(rank)];
-  if (::dup2(err, STDERR_FILENO) < 0)
-    throw IoError(str("cannot send stderr to the launcher: ", std::strerror(errno)));
-  if (err != STDERR_FILENO) ::close(err);
   ::fcntl(beat, F_SETFD, FD_CLOEXEC);
   // A launcher that stops reading must not block the heartbeat thread, nor the exit.
   ::fcntl(beat, F_SETFL, ::fcntl(beat, F_GETFL) | O_NONBLOCK);
-  ::unsetenv(kChannelsVar);  // processes this rank starts are not ranks
+  // Processes this rank starts are not ranks. Called first thing in main, before any thread.
+  ::unsetenv(kChannels.env().c_str());
   return std::unique_ptr<RankChannel>(new RankChannel(beat, Millis(intervalMs)));
 }
 
 RankChannel::RankChannel(int heartbeatFd, Millis interval) : fd_(heartbeatFd), interval_(interval) {
-  send(str("hello ", getpid(), " ", hostName()));
+  send(str("hello ", getpid(), " ", net::hostName()));
   thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_) {
@@ -178,7 +165,10 @@ RankWatch::RankWatch(int ranks, Options options)
     *writeEnd = fds[1];
   };
   for (auto& rank : ranks_) {
-    makePipe(&rank.errRead, &rank.errWrite);
+    if (options.captureStderr)
+      makePipe(&rank.errRead, &rank.errWrite);
+    else
+      rank.errClosed = true;  // the launcher reads it
     makePipe(&rank.beatRead, &rank.beatWrite);
   }
   if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0)
@@ -204,10 +194,20 @@ RankWatch::~RankWatch() {
   closeFd(wake_[1]);
 }
 
-std::string RankWatch::environmentValue() const {
-  std::string value = std::to_string(interval_.count());
-  for (const auto& rank : ranks_) value += str(";", rank.errWrite, ",", rank.beatWrite);
-  return value;
+std::map<std::string, std::string> RankWatch::environment(int rank) const {
+  HETRA_ENFORCE(rank >= 0 && rank < int(ranks_.size()), "no rank ", rank);
+  const Rank& r = ranks_[size_t(rank)];
+  return {{kChannels.env(), str(interval_.count(), ";", r.errWrite, ",", r.beatWrite)}};
+}
+
+std::vector<int> RankWatch::closeInRank(int rank) const {
+  HETRA_ENFORCE(rank >= 0 && rank < int(ranks_.size()), "no rank ", rank);
+  std::vector<int> fds;
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    if (int(r) != rank)
+      for (int fd : {ranks_[r].errWrite, ranks_[r].beatWrite})
+        if (fd >= 0) fds.push_back(fd);
+  return fds;
 }
 
 void RankWatch::finish(Millis timeout) {
@@ -371,6 +371,7 @@ void RankWatch::checkHung(Rank& rank, Clock::time_point now) {
                   state, "); the launcher killed it");
   rank.endOrder = endCounter_;
   ::kill(rank.pid, SIGKILL);
+  if (options_.onHung) options_.onHung(int(&rank - ranks_.data()), rank.pid, rank.host, rank.hung);
 }
 
 RankWatch::Failure RankWatch::firstFailure() const {
@@ -411,4 +412,4 @@ std::vector<std::string> RankWatch::tail(int rank) const {
   return {ranks_[size_t(rank)].tail.begin(), ranks_[size_t(rank)].tail.end()};
 }
 
-}  // namespace hetra
+}  // namespace hetra::launch

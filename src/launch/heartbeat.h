@@ -2,10 +2,11 @@
 // and how it ended.
 //
 // Vocabulary:
-//   channel    two pipes per rank, created by the launcher before it starts the ranks and inherited
-//              by them (their numbers travel in HETRA_RANK_CHANNELS): the rank's stderr, and its
+//   channel    the pipes of one rank, created by the launcher before it starts the ranks; each
+//              rank inherits only its own (their numbers travel in its HETRA_RANK_CHANNELS): its
 //              heartbeat pipe, which carries lines "hello <pid> <host>", "beat" and, just before
-//              the rank exits, "bye <exit code> <message>".
+//              the rank exits, "bye <exit code> <message>"; and, unless the launcher reads the
+//              rank's stderr itself (a program that may not be linked with hetra), its stderr.
 //   heartbeat  a "beat" written by a thread of the rank every interval. A rank that is stopped
 //              (SIGSTOP, a frozen VM, a debugger) or wedged in the kernel stops beating; a rank
 //              whose main thread is merely busy or blocked keeps beating (its peers' operation
@@ -19,6 +20,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,14 +30,16 @@
 
 #include "common/timing.h"
 
-namespace hetra {
+namespace hetra::launch {
 
 // The rank's side. fromEnvironment() returns null when HETRA_RANK_CHANNELS is not set (the rank
-// was not started by a watching launcher). Otherwise it sends fd 2 into the rank's stderr pipe,
-// closes the other ranks' pipe ends, says hello and starts beating until destroyed.
+// was not started by a watching launcher). Otherwise it sends fd 2 into the rank's stderr pipe
+// (when the channel has one), says hello and starts beating until destroyed. Every process linked
+// with hetra calls it first thing (tools/hetra/main.cc), so any hetra command run as a rank of
+// hetra launch or hetra run is watched.
 class RankChannel {
  public:
-  static std::unique_ptr<RankChannel> fromEnvironment(int rank);
+  static std::unique_ptr<RankChannel> fromEnvironment();
   ~RankChannel();
   RankChannel(const RankChannel&) = delete;
   RankChannel& operator=(const RankChannel&) = delete;
@@ -55,13 +60,18 @@ class RankChannel {
 };
 
 // The launcher's side: one per local job. Create it before starting the ranks, put
-// environmentValue() into their environment as HETRA_RANK_CHANNELS, start them; the watch's thread
-// forwards their stderr, keeps the tails and kills a rank that hangs.
+// environment(rank) into each rank's environment, close closeInRank(rank) in it before it execs,
+// start them; the watch's thread forwards their stderr, keeps the tails and kills a rank that
+// hangs.
 class RankWatch {
  public:
   struct Options {
     Millis hangTimeout{5000};  // no heartbeat for this long: the rank is hung
     size_t tailLines = 20;
+    // Off: the launcher reads the ranks' stderr itself; the watch only hears their heartbeats.
+    bool captureStderr = true;
+    // Called (on the watch's thread) right after a hung rank was killed, with why.
+    std::function<void(int rank, int pid, const std::string& host, const std::string& how)> onHung;
   };
   // How one rank ended, as far as the watch knows.
   struct Failure {
@@ -77,7 +87,11 @@ class RankWatch {
   RankWatch(const RankWatch&) = delete;
   RankWatch& operator=(const RankWatch&) = delete;
 
-  std::string environmentValue() const;
+  // The variables rank `rank` needs to find its channel (HETRA_RANK_CHANNELS).
+  std::map<std::string, std::string> environment(int rank) const;
+  // The launcher's pipe ends the process of rank `rank` inherits but must close before it execs
+  // (the other ranks' ends: their pipes would never report end of file otherwise).
+  std::vector<int> closeInRank(int rank) const;
   // Stops watching once every rank has ended (or after `timeout`), draining their pipes.
   void finish(Millis timeout = Millis(2000));
   // The rank that failed first (by the time the watch saw it), with its tail.
@@ -119,4 +133,4 @@ class RankWatch {
 // /proc/<pid>/stat with its meaning, or "" when it cannot be read.
 std::string processState(int pid);
 
-}  // namespace hetra
+}  // namespace hetra::launch

@@ -1,0 +1,45 @@
+// What every transport's request has alike (tcp and mpi): what it moves — direction, peer, tag,
+// buffer, size — and the transport that moves it. The transport (`Owner`) waits for it with
+// `Owner::wait(Derived&, Deadline)` and names peers with `Owner::who(peer)`. Each transport derives
+// its request, adds its progress state, and releases it in its own destructor (where that state
+// still exists).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "comm/transport/transport.h"
+#include "common/errors.h"
+
+namespace hetra::comm {
+
+template <class Derived, class Owner>
+class PeerRequest : public Request {
+ public:
+  PeerRequest(Owner& transport, bool isSend, int peer, uint64_t tag, uint8_t* data, size_t bytes)
+      : transport_(transport),
+        isSend_(isSend),
+        peer_(peer),
+        tag_(tag),
+        data_(data),
+        bytes_(bytes) {}
+
+  void wait(Deadline deadline) override { transport_.wait(static_cast<Derived&>(*this), deadline); }
+
+  // "send of 8 bytes to rank 1 (host) (tag 3)", for errors.
+  std::string describe() const {
+    return str(isSend_ ? "send of " : "receive of ", bytes_, " bytes ", isSend_ ? "to " : "from ",
+               transport_.who(peer_), " (tag ", tag_, ")");
+  }
+
+ protected:
+  Owner& transport_;
+  const bool isSend_;
+  const int peer_;
+  const uint64_t tag_;
+  uint8_t* const data_;
+  const size_t bytes_;
+};
+
+}  // namespace hetra::comm

@@ -1,0 +1,173 @@
+#include "train/report.h"
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "balance/balancer.h"
+#include "common/errors.h"
+#include "common/logging.h"
+
+namespace hetra::train {
+namespace {
+
+using nlohmann::json;
+
+std::string splitText(const std::vector<RankStep>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "/" : "") + std::to_string(ranks[i].batch);
+  return text;
+}
+
+}  // namespace
+
+std::string metricsLine(const std::string& event, json fields) {
+  fields["event"] = event;
+  fields["schema_version"] = kMetricsSchemaVersion;
+  return fields.dump() + "\n";
+}
+
+bool appendMetricsRecord(const std::string& path, const std::string& event, json fields) {
+  std::ofstream out(path, std::ios::app);
+  out << metricsLine(event, std::move(fields));
+  out.flush();
+  return bool(out);
+}
+
+Report::Report(ReportOptions options) : options_(std::move(options)) {
+  if (!options_.enabled || options_.metricsPath.empty()) return;
+  metrics_.open(options_.metricsPath, options_.appendMetrics ? std::ios::app : std::ios::trunc);
+  if (!metrics_) throw IoError(str("cannot write --metrics file '", options_.metricsPath, "'"));
+}
+
+// Step records reach the file at least once a second (a write per step would cost the fast rank a
+// system call per step); every other record at once.
+void Report::write(const std::string& event, json fields, bool isStep) {
+  if (!metrics_.is_open()) return;
+  metrics_ << metricsLine(event, std::move(fields));
+  if (!isStep || Clock::now() - lastFlush_ >= std::chrono::seconds(1)) {
+    metrics_.flush();
+    lastFlush_ = Clock::now();
+  }
+}
+
+void Report::resumed(const std::string& stepDir, int64_t step) {
+  if (!options_.enabled) return;
+  std::printf("resumed from %s at step %lld\n", stepDir.c_str(), (long long)step);
+  std::fflush(stdout);
+}
+
+void Report::start(const RunHeader& header) {
+  if (!options_.enabled) return;
+  std::printf(
+      "hetra run: %s on %s, %d devices, global batch %lld, %lld steps (%.2f epochs of %lld "
+      "samples)\n",
+      header.model.c_str(), header.data.c_str(), header.devices, (long long)header.globalBatch,
+      (long long)header.steps, header.epochs, (long long)header.trainSamples);
+  std::printf("model: %lld parameters; gradient buckets: %zu; transport: %s; balance: %s\n",
+              (long long)header.parameters, header.buckets, header.transport.c_str(),
+              header.balance.c_str());
+  std::fflush(stdout);
+}
+
+void Report::step(const StepRecord& record) {
+  if (!options_.enabled) return;
+  json ranks = json::array();
+  for (size_t r = 0; r < record.ranks.size(); ++r) {
+    const RankStep& rank = record.ranks[r];
+    ranks.push_back({{"rank", r},
+                     {"device", rank.device},
+                     {"batch", rank.batch},
+                     {"micro_batch", rank.microBatch},
+                     {"accum", rank.accumSteps},
+                     {"compute_s", rank.computeSeconds},
+                     {"comm_s", rank.commSeconds},
+                     {"bytes_sent", rank.bytesSent},
+                     {"bytes_recv", rank.bytesReceived}});
+  }
+  // null rather than absent while unknown: every step record has the same fields.
+  const json ideal =
+      record.idealSamplesPerSecond > 0 ? json(record.idealSamplesPerSecond) : json(nullptr);
+  write("step",
+        {{"step", record.step},
+         {"epoch", record.epoch},
+         {"loss", record.loss},
+         {"samples", options_.globalBatch},
+         {"step_time_s", record.seconds},
+         {"samples_per_s", double(options_.globalBatch) / record.seconds},
+         {"ideal_samples_per_s", ideal},
+         {"lr", record.lr},
+         {"plan_version", record.planVersion},
+         {"ranks", ranks}},
+        /*isStep=*/true);
+  printStepLine(record);
+  last_ = record;
+}
+
+void Report::printStepLine(const StepRecord& record) {
+  const double samplesPerSecond = double(options_.globalBatch) / record.seconds;
+  const int64_t every = options_.logEvery, total = options_.totalSteps;
+  const bool last = record.step == total;
+  if (options_.progressBar) {
+    const int width = 30;
+    const int filled = int(double(width) * double(record.step) / double(total));
+    std::printf("\r[%s%s] %lld/%lld loss %.4f %.0f samples/s split %s   ",
+                std::string(size_t(filled), '#').c_str(),
+                std::string(size_t(width - filled), '.').c_str(), (long long)record.step,
+                (long long)total, record.loss, samplesPerSecond, splitText(record.ranks).c_str());
+    if (last) std::printf("\n");
+    std::fflush(stdout);
+  } else if (every > 0 && (record.step % every == 0 || last)) {
+    std::printf("step %lld/%lld  epoch %.2f  loss %.4f  lr %.4g  %.0f samples/s  split %s\n",
+                (long long)record.step, (long long)total, record.epoch, record.loss, record.lr,
+                samplesPerSecond, splitText(record.ranks).c_str());
+    std::fflush(stdout);
+  }
+  if (every > 0 && record.step % (every * 10) == 0 && !last) printDeviceTable(record);
+}
+
+void Report::printDeviceTable(const StepRecord& record) {
+  if (record.ranks.empty()) return;
+  if (options_.progressBar) std::printf("\n");
+  std::printf("  %-10s %7s %12s %12s %10s %10s\n", "device", "share", "micro x acc", "samples/s",
+              "compute_s", "comm_s");
+  for (const RankStep& rank : record.ranks) {
+    const double compute = rank.computeSeconds;
+    std::printf("  %-10s %6.1f%% %5lld x %-4lld %12.0f %10.4f %10.4f\n", rank.device.c_str(),
+                100.0 * double(rank.batch) / double(options_.globalBatch),
+                (long long)rank.microBatch, (long long)rank.accumSteps,
+                compute > 0 ? double(rank.batch) / compute : 0.0, compute, rank.commSeconds);
+  }
+  std::fflush(stdout);
+}
+
+void Report::balanceChange(int64_t step, const balance::Plan& next) {
+  if (!options_.enabled) return;
+  HETRA_INFO("balance", next.summary());
+  std::vector<int64_t> split;
+  for (const auto& rank : next.ranks) split.push_back(rank.batch);
+  write("balance",
+        {{"step", step}, {"version", next.version}, {"split", split}, {"reason", next.reason}});
+  if (!options_.progressBar) std::printf("balance: %s\n", next.reason.c_str());
+}
+
+void Report::evaluation(int64_t step, double testLoss, double testAccuracy) {
+  if (!options_.enabled) return;
+  write("eval", {{"step", step}, {"test_loss", testLoss}, {"test_accuracy", testAccuracy}});
+  if (options_.progressBar) std::printf("\n");
+  std::printf("eval at step %lld: test loss %.4f, test accuracy %.4f\n", (long long)step, testLoss,
+              testAccuracy);
+  std::fflush(stdout);
+}
+
+void Report::finish(const TrainResult& result) {
+  if (!options_.enabled) return;
+  write("final", {{"steps", result.steps},
+                  {"wall_s", result.wallSeconds},
+                  {"samples_per_s", result.samplesPerSecond},
+                  {"test_accuracy", result.testAccuracy},
+                  {"test_loss", result.testLoss}});
+  printDeviceTable(last_);
+}
+
+}  // namespace hetra::train

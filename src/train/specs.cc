@@ -1,0 +1,85 @@
+#include "train/specs.h"
+
+#include <algorithm>
+
+namespace hetra::train {
+
+ModelSpec modelSpecOf(const RunConfig& config) {
+  ModelSpec spec;
+  spec.name = config.model.name;
+  if (config.data.name == "synthetic") {
+    spec.sampleShape = {config.data.features};
+    spec.classes = config.data.classes;
+  } else {
+    spec.sampleShape = {1, 28, 28};
+    spec.classes = 10;
+  }
+  spec.hidden = config.model.hidden;
+  spec.channels = config.model.channels;
+  spec.layers = config.model.layers;
+  spec.heads = config.model.heads;
+  spec.dim = config.model.dim;
+  spec.seqLen = config.model.seqLen;
+  spec.seed = uint64_t(config.train.seed);
+  return spec;
+}
+
+DataSpec dataSpecOf(const RunConfig& config) {
+  DataSpec spec;
+  spec.name = config.data.name;
+  spec.path = config.data.path;
+  spec.samples = config.data.samples;
+  spec.testSamples = config.data.testSamples;
+  spec.features = config.data.features;
+  spec.classes = config.data.classes;
+  spec.seed = uint64_t(config.train.seed);
+  return spec;
+}
+
+OptimSpec optimSpecOf(const TrainConfig& train) {
+  OptimSpec spec;
+  spec.name = train.optimizer;
+  spec.lr = train.lr;
+  spec.momentum = train.momentum;
+  spec.nesterov = train.nesterov;
+  spec.weightDecay = train.weightDecay;
+  spec.beta1 = train.betas.at(0);
+  spec.beta2 = train.betas.at(1);
+  spec.eps = train.eps;
+  return spec;
+}
+
+LrScheduleSpec scheduleSpecOf(const TrainConfig& train, int64_t totalSteps) {
+  LrScheduleSpec spec;
+  spec.kind = train.lrSchedule;
+  spec.lr = train.lr;
+  spec.warmupSteps = train.warmupSteps;
+  spec.totalSteps = totalSteps;
+  return spec;
+}
+
+balance::BalancerOptions balancerOptionsOf(const RunConfig& config) {
+  balance::BalancerOptions o;
+  o.mode = balance::parseMode(config.balance.mode);
+  o.globalBatch = config.train.globalBatch;
+  o.rebalanceThreshold = config.balance.threshold;
+  o.minStepsBetweenChanges = int(config.balance.minStepsBetween);
+  o.persistSteps = int(config.balance.persistSteps);
+  o.profileSteps = int(config.balance.profileSteps);
+  return o;
+}
+
+std::vector<balance::RankCaps> rankCapsOf(const RunConfig& config,
+                                          const MemoryFootprint& footprint) {
+  std::vector<balance::RankCaps> caps;
+  for (const auto& device : config.devices) {
+    balance::RankCaps c;
+    if (device.memoryBytes > 0 && footprint.bytesPerSample > 0)
+      c.maxMicroBatch = maxMicroBatch(footprint, device.memoryBytes);
+    if (device.maxMicroBatch > 0) c.maxMicroBatch = std::min(c.maxMicroBatch, device.maxMicroBatch);
+    caps.push_back(c);
+  }
+  return caps;
+}
+
+}  // namespace hetra::train
