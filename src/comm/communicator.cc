@@ -138,9 +138,7 @@ class CommunicatorImpl : public Communicator,
         OpKind::Allreduce, dtype, args.op, count * dtypeSize(dtype), policy,
         [=] { return str("allreduce of ", count, " ", dtypeName(dtype)); },
         [this, args, op](Provider& p, const Operation& o, Deadline d) mutable {
-          args.deadline = d;
-          args.seq = seq_++;
-          args.provider = o.provider;
+          stamp(args, o, d);
           if (p.traits().feedsBackErrors) args.residual = o.policy->residual;
           p.allreduce(facts_, o, args);
           if (op == ReduceOp::Avg) divide(args.dtype, args.out, args.count, size_);
@@ -160,9 +158,7 @@ class CommunicatorImpl : public Communicator,
         OpKind::ReduceScatter, dtype, args.op, totalCount(counts) * dtypeSize(dtype), policy,
         [=] { return str("reduce-scatter of ", totalCount(counts), " ", dtypeName(dtype)); },
         [this, args, op](Provider& p, const Operation& o, Deadline d) mutable {
-          args.deadline = d;
-          args.seq = seq_++;
-          args.provider = o.provider;
+          stamp(args, o, d);
           p.reduceScatter(facts_, o, args);
           if (op == ReduceOp::Avg) divide(args.dtype, args.out, args.counts[rank_], size_);
         });
@@ -180,9 +176,7 @@ class CommunicatorImpl : public Communicator,
         OpKind::Allgather, dtype, ReduceOp::Sum, totalCount(counts) * dtypeSize(dtype), policy,
         [=] { return str("allgather of ", totalCount(counts), " ", dtypeName(dtype)); },
         [this, args](Provider& p, const Operation& o, Deadline d) mutable {
-          args.deadline = d;
-          args.seq = seq_++;
-          args.provider = o.provider;
+          stamp(args, o, d);
           p.allgather(facts_, o, args);
         });
   }
@@ -199,9 +193,7 @@ class CommunicatorImpl : public Communicator,
         OpKind::Broadcast, dtype, ReduceOp::Sum, count * dtypeSize(dtype), {},
         [=] { return str("broadcast of ", count, " ", dtypeName(dtype)); },
         [this, args](Provider& p, const Operation& o, Deadline d) mutable {
-          args.deadline = d;
-          args.seq = seq_++;
-          args.provider = o.provider;
+          stamp(args, o, d);
           p.broadcast(facts_, o, args);
         });
   }
@@ -211,9 +203,7 @@ class CommunicatorImpl : public Communicator,
         OpKind::Barrier, DType::U8, ReduceOp::Sum, 0, {}, [] { return std::string("barrier"); },
         [this](Provider& p, const Operation& o, Deadline d) {
           BarrierArgs args;
-          args.deadline = d;
-          args.seq = seq_++;
-          args.provider = o.provider;
+          stamp(args, o, d);
           p.barrier(facts_, o, args);
         });
   }
@@ -265,6 +255,15 @@ class CommunicatorImpl : public Communicator,
   using Run = std::function<void(Provider&, const Operation&, Deadline)>;
 
   static ReduceOp reducedAs(ReduceOp op) { return op == ReduceOp::Avg ? ReduceOp::Sum : op; }
+
+  // What an operation learns when it starts running: its deadline, its number in the group (the
+  // executing thread numbers them in issue order), its provider.
+  template <typename Args>
+  void stamp(Args& args, const Operation& o, Deadline d) {
+    args.deadline = d;
+    args.seq = seq_++;
+    args.provider = o.provider;
+  }
 
   Operation operation(OpKind kind, DType dtype, ReduceOp op, size_t bytes,
                       const OpPolicy& policy) const {
@@ -336,8 +335,7 @@ class CommunicatorImpl : public Communicator,
     for (size_t i = 0; i < all.size(); ++i) {
       const ProviderTraits t = all[i]->traits();
       if (t.needs != Needs::Hierarchy) continue;
-      for (OpKind kind : {OpKind::Allreduce, OpKind::ReduceScatter, OpKind::Allgather,
-                          OpKind::Broadcast, OpKind::Barrier}) {
+      for (OpKind kind : kOpKinds) {
         const uint8_t forced = forced_.byKind[size_t(kind)];
         if ((t.ops & bitOf(kind)) && (forced == 0 || forced == i + 1)) return true;
       }

@@ -15,6 +15,15 @@ int firstShard(int l, int L, int S) {
   return (l * S + L - 1) / L;
 }
 
+// The policies of the island level and of the level between islands (no error feedback: the
+// residual's shape is the whole buffer's, not a level's).
+std::pair<OpPolicy, OpPolicy> levelPolicies(const OpPolicy& policy) {
+  OpPolicy inside, across;
+  inside.compression = policy.islandCompression;
+  across.compression = policy.compression;
+  return {inside, across};
+}
+
 }  // namespace
 
 struct Hierarchy::Segment {
@@ -66,9 +75,7 @@ void Hierarchy::allreduce(const AllreduceArgs& args, const OpPolicy& policy) {
     islandCounts[size_t(j) * islandSize_ / shards_] += shardCounts[j];
   const size_t mine = islandCounts[localRank_];
   shard_.resize(std::max<size_t>(1, mine * es));
-  OpPolicy inside, across;
-  inside.compression = policy.islandCompression;
-  across.compression = policy.compression;
+  const auto [inside, across] = levelPolicies(policy);
 
   waitFor(island_->reduceScatter(args.in, shard_.data(), islandCounts, args.dtype, args.op, inside),
           args.deadline);
@@ -154,9 +161,7 @@ void Hierarchy::reduceScatter(const ReduceScatterArgs& args, const OpPolicy& pol
   const std::vector<Segment> segments = arrangement(args.counts);
   const BlockMap map(args.counts, islandOf_);
   const size_t total = totalCount(args.counts);
-  OpPolicy inside, across;
-  inside.compression = policy.islandCompression;
-  across.compression = policy.compression;
+  const auto [inside, across] = levelPolicies(policy);
 
   // The input in arrangement order.
   staging_.resize(std::max<size_t>(1, total * es));
@@ -207,9 +212,7 @@ void Hierarchy::allgather(const AllgatherArgs& args, const OpPolicy& policy) {
   const std::vector<Segment> segments = arrangement(args.counts);
   const BlockMap map(args.counts, islandOf_);
   const size_t total = totalCount(args.counts);
-  OpPolicy inside, across;
-  inside.compression = policy.islandCompression;
-  across.compression = policy.compression;
+  const auto [inside, across] = levelPolicies(policy);
 
   // Inside: the island's region (its ranks' blocks in local order) to every rank of it.
   std::vector<size_t> memberCounts;

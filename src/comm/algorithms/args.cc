@@ -1,5 +1,6 @@
 #include "comm/algorithms/args.h"
 
+#include <iterator>
 #include <numeric>
 
 #include "comm/codec/codec.h"
@@ -8,20 +9,25 @@
 
 namespace hetra::comm {
 
+namespace {
+struct OpKindNames {
+  const char* name;  // in messages
+  const char* key;   // in HETRA_ALGO and on the command line
+};
+constexpr OpKindNames kOpKindNames[] = {{"allreduce", "allreduce"},
+                                        {"reduce-scatter", "reducescatter"},
+                                        {"allgather", "allgather"},
+                                        {"broadcast", "broadcast"},
+                                        {"barrier", "barrier"}};
+static_assert(std::size(kOpKindNames) == std::size(kOpKinds));
+}  // namespace
+
 const char* opKindName(OpKind kind) {
-  switch (kind) {
-    case OpKind::Allreduce:
-      return "allreduce";
-    case OpKind::ReduceScatter:
-      return "reduce-scatter";
-    case OpKind::Allgather:
-      return "allgather";
-    case OpKind::Broadcast:
-      return "broadcast";
-    case OpKind::Barrier:
-      return "barrier";
-  }
-  return "?";
+  return kOpKindNames[size_t(kind)].name;
+}
+
+const char* opKindKey(OpKind kind) {
+  return kOpKindNames[size_t(kind)].key;
 }
 
 size_t totalCount(const std::vector<size_t>& counts) {
@@ -37,59 +43,48 @@ uint64_t hashCounts(const std::vector<size_t>& counts) {
   }
   return h;
 }
+
+// The fields every operation's header has.
+OpHeader headerOf(OpKind kind, uint64_t seq, uint8_t provider, DType dtype, uint64_t count) {
+  OpHeader h;
+  h.seq = seq;
+  h.provider = provider;
+  h.kind = uint8_t(kind);
+  h.dtype = uint8_t(dtype);
+  h.count = count;
+  return h;
+}
+
 }  // namespace
 
 OpHeader OpHeader::of(const AllreduceArgs& a) {
-  OpHeader h;
-  h.seq = a.seq;
-  h.provider = a.provider;
-  h.count = a.count;
-  h.kind = uint8_t(OpKind::Allreduce);
-  h.dtype = uint8_t(a.dtype);
+  OpHeader h = headerOf(OpKind::Allreduce, a.seq, a.provider, a.dtype, a.count);
   h.op = uint8_t(a.op);
   return h;
 }
 
 OpHeader OpHeader::of(const ReduceScatterArgs& a) {
-  OpHeader h;
-  h.seq = a.seq;
-  h.provider = a.provider;
-  h.count = totalCount(a.counts);
+  OpHeader h = headerOf(OpKind::ReduceScatter, a.seq, a.provider, a.dtype, totalCount(a.counts));
   h.countsHash = hashCounts(a.counts);
-  h.kind = uint8_t(OpKind::ReduceScatter);
-  h.dtype = uint8_t(a.dtype);
   h.op = uint8_t(a.op);
   return h;
 }
 
 OpHeader OpHeader::of(const AllgatherArgs& a) {
-  OpHeader h;
-  h.seq = a.seq;
-  h.provider = a.provider;
-  h.count = totalCount(a.counts);
+  OpHeader h = headerOf(OpKind::Allgather, a.seq, a.provider, a.dtype, totalCount(a.counts));
   h.countsHash = hashCounts(a.counts);
-  h.kind = uint8_t(OpKind::Allgather);
-  h.dtype = uint8_t(a.dtype);
   return h;
 }
 
 OpHeader OpHeader::of(const BroadcastArgs& a) {
-  OpHeader h;
-  h.seq = a.seq;
-  h.provider = a.provider;
-  h.count = a.count;
-  h.kind = uint8_t(OpKind::Broadcast);
-  h.dtype = uint8_t(a.dtype);
+  OpHeader h = headerOf(OpKind::Broadcast, a.seq, a.provider, a.dtype, a.count);
   h.root = int16_t(a.root);
   return h;
 }
 
 OpHeader OpHeader::of(const BarrierArgs& a) {
-  OpHeader h;
-  h.seq = a.seq;
-  h.provider = a.provider;
-  h.kind = uint8_t(OpKind::Barrier);
-  return h;
+  // dtype 0 and count 0: a barrier moves no data.
+  return headerOf(OpKind::Barrier, a.seq, a.provider, DType(0), 0);
 }
 
 bool OpHeader::operator==(const OpHeader& o) const {

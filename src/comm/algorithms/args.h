@@ -15,7 +15,10 @@
 namespace hetra::comm {
 
 enum class OpKind : uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Barrier };
-const char* opKindName(OpKind kind);
+constexpr OpKind kOpKinds[] = {OpKind::Allreduce, OpKind::ReduceScatter, OpKind::Allgather,
+                               OpKind::Broadcast, OpKind::Barrier};
+const char* opKindName(OpKind kind);  // "reduce-scatter": in messages
+const char* opKindKey(OpKind kind);   // "reducescatter": in HETRA_ALGO and on the command line
 
 // in: count elements; out: count elements (out may equal in).
 struct AllreduceArgs {

@@ -5,19 +5,15 @@
 #include <bit>
 
 #include "comm/algorithms/small_tcp.h"
-#include "comm/providers/provider.h"
+#include "comm/providers/algorithm_provider.h"
 
 namespace hetra::comm {
 namespace {
 
-class RecursiveDoublingProvider final : public Provider {
+class RecursiveDoublingProvider final : public AlgorithmProvider<Transport> {
  public:
+  RecursiveDoublingProvider() : AlgorithmProvider({allreduceRecursiveDoubling}) {}
   const char* name() const override { return "recursive-doubling"; }
-  ProviderTraits traits() const override {
-    ProviderTraits t;
-    t.ops = bitOf(OpKind::Allreduce);
-    return t;
-  }
   const char* whyNot(const Operation& op, const GroupFacts&) const override {
     return op.bytes <= recursiveDoublingCapacity() ? nullptr
                                                    : "the operation does not fit its envelope";
@@ -25,9 +21,6 @@ class RecursiveDoublingProvider final : public Provider {
   double seconds(const Operation& op, const GroupFacts& group) const override {
     return recursiveDoublingSeconds(op.bytes, group.size, group.link.latencySeconds,
                                     group.link.bytesPerSecond);
-  }
-  void allreduce(const GroupFacts& g, const Operation&, const AllreduceArgs& a) override {
-    allreduceRecursiveDoubling(*g.transport, a);
   }
 };
 

@@ -52,25 +52,6 @@ Table& table() {
   return *t;
 }
 
-const char* kindKey(OpKind kind) {
-  switch (kind) {
-    case OpKind::Allreduce:
-      return "allreduce";
-    case OpKind::ReduceScatter:
-      return "reducescatter";
-    case OpKind::Allgather:
-      return "allgather";
-    case OpKind::Broadcast:
-      return "broadcast";
-    case OpKind::Barrier:
-      return "barrier";
-  }
-  return "?";
-}
-
-constexpr OpKind kKinds[] = {OpKind::Allreduce, OpKind::ReduceScatter, OpKind::Allgather,
-                             OpKind::Broadcast, OpKind::Barrier};
-
 uint8_t idOf(const std::string& name, const std::string& text) {
   const auto& all = providers();
   for (size_t i = 0; i < all.size(); ++i)
@@ -114,7 +95,7 @@ ForcedProviders parseForcedProviders(const std::string& text) {
     // One provider for every operation it declares.
     const uint8_t id = idOf(text, text);
     const uint32_t ops = providers()[id - 1]->traits().ops;
-    for (OpKind kind : kKinds)
+    for (OpKind kind : kOpKinds)
       if (ops & bitOf(kind)) forced.byKind[size_t(kind)] = id;
     return forced;
   }
@@ -128,8 +109,8 @@ ForcedProviders parseForcedProviders(const std::string& text) {
                             "allgather, broadcast, barrier)"));
     const std::string kindName = item.substr(0, colon), name = item.substr(colon + 1);
     bool known = false;
-    for (OpKind kind : kKinds)
-      if (kindName == kindKey(kind)) {
+    for (OpKind kind : kOpKinds)
+      if (kindName == opKindKey(kind)) {
         known = true;
         forced.byKind[size_t(kind)] = name == "auto" ? 0 : idOf(name, text);
       }

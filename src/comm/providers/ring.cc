@@ -4,19 +4,17 @@
 #include <cmath>
 
 #include "comm/algorithms/ring.h"
-#include "comm/providers/provider.h"
+#include "comm/providers/algorithm_provider.h"
 
 namespace hetra::comm {
 namespace {
 
-class RingProvider final : public Provider {
+class RingProvider final : public AlgorithmProvider<Transport> {
  public:
+  RingProvider()
+      : AlgorithmProvider({allreduceRing, reduceScatterRing, allgatherRing, broadcastPipelined,
+                           barrierDissemination}) {}
   const char* name() const override { return "ring"; }
-  ProviderTraits traits() const override {
-    ProviderTraits t;
-    t.ops = kAllOps;
-    return t;
-  }
   double seconds(const Operation& op, const GroupFacts& group) const override {
     const double n = group.size, bytes = double(op.bytes);
     if (group.size == 1) return 0;
@@ -32,21 +30,6 @@ class RingProvider final : public Provider {
         return group.link.seconds(std::ceil(std::log2(n)), 0);
     }
     return 0;
-  }
-  void allreduce(const GroupFacts& g, const Operation&, const AllreduceArgs& a) override {
-    allreduceRing(*g.transport, a);
-  }
-  void reduceScatter(const GroupFacts& g, const Operation&, const ReduceScatterArgs& a) override {
-    reduceScatterRing(*g.transport, a);
-  }
-  void allgather(const GroupFacts& g, const Operation&, const AllgatherArgs& a) override {
-    allgatherRing(*g.transport, a);
-  }
-  void broadcast(const GroupFacts& g, const Operation&, const BroadcastArgs& a) override {
-    broadcastPipelined(*g.transport, a);
-  }
-  void barrier(const GroupFacts& g, const Operation&, const BarrierArgs& a) override {
-    barrierDissemination(*g.transport, a);
   }
 };
 

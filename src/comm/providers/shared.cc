@@ -8,21 +8,18 @@
 #include <cmath>
 
 #include "comm/algorithms/shared.h"
-#include "comm/providers/provider.h"
+#include "comm/providers/algorithm_provider.h"
 #include "comm/transport/shared_arena.h"
 
 namespace hetra::comm {
 namespace {
 
-class SharedProvider final : public Provider {
+class SharedProvider final : public AlgorithmProvider<SharedArena> {
  public:
+  SharedProvider()
+      : AlgorithmProvider({allreduceShared, reduceScatterShared, allgatherShared, broadcastShared,
+                           barrierShared}) {}
   const char* name() const override { return "shared"; }
-  ProviderTraits traits() const override {
-    ProviderTraits t;
-    t.ops = kAllOps;
-    t.needs = Needs::SharedArena;
-    return t;
-  }
   double seconds(const Operation& op, const GroupFacts& group) const override {
     if (group.size == 1) return 0;
     const double n = group.size, bytes = double(op.bytes);
@@ -43,21 +40,6 @@ class SharedProvider final : public Provider {
         return group.arenaLink.seconds(1, 0);
     }
     return 0;
-  }
-  void allreduce(const GroupFacts& g, const Operation&, const AllreduceArgs& a) override {
-    allreduceShared(*g.arena, a);
-  }
-  void reduceScatter(const GroupFacts& g, const Operation&, const ReduceScatterArgs& a) override {
-    reduceScatterShared(*g.arena, a);
-  }
-  void allgather(const GroupFacts& g, const Operation&, const AllgatherArgs& a) override {
-    allgatherShared(*g.arena, a);
-  }
-  void broadcast(const GroupFacts& g, const Operation&, const BroadcastArgs& a) override {
-    broadcastShared(*g.arena, a);
-  }
-  void barrier(const GroupFacts& g, const Operation&, const BarrierArgs& a) override {
-    barrierShared(*g.arena, a);
   }
 };
 
