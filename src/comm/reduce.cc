@@ -7,6 +7,7 @@
 
 #include "common/cpu_features.h"
 #include "common/errors.h"
+#include "common/names.h"
 
 namespace hetra::comm {
 namespace {
@@ -171,24 +172,16 @@ HETRA_CLONES void divideTyped(T* dst, size_t n, T divisor) {
 
 }  // namespace
 
+constexpr NamedValue<ReduceOp> kReduceOpNames[] = {
+    {ReduceOp::Sum, "sum"}, {ReduceOp::Avg, "avg"}, {ReduceOp::Min, "min"}, {ReduceOp::Max, "max"}};
+static_assert(coversEnum(kReduceOpNames, ReduceOp::Max));
+
 const char* reduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum:
-      return "sum";
-    case ReduceOp::Avg:
-      return "avg";
-    case ReduceOp::Min:
-      return "min";
-    case ReduceOp::Max:
-      return "max";
-  }
-  return "?";
+  return nameOf(op, kReduceOpNames);
 }
 
 ReduceOp parseReduceOp(std::string_view name) {
-  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max})
-    if (name == reduceOpName(op)) return op;
-  throw ConfigError(str("reduce op '", name, "' is not supported; allowed: sum, avg, min, max"));
+  return parseName(name, kReduceOpNames, "reduce op");
 }
 
 void halfToFloat(const uint16_t* src, float* dst, size_t count) {
