@@ -1,19 +1,22 @@
 // The training loop end to end with ranks as threads: a heterogeneous run follows the same
-// optimisation as one device, and a resumed run ends where an uninterrupted one does.
+// optimisation as one device, a resumed run ends where an uninterrupted one does, and the metrics
+// file follows docs/metrics.md.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
 #include "harness.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/models.h"
-#include "train/optim.h"
 #include "train/trainer.h"
 
 namespace hetra::train {
@@ -107,6 +110,99 @@ TEST(Trainer, MaxMicroBatchSplitsTheShareWithoutChangingTheResult) {
     EXPECT_LE(rank["micro_batch"].get<int64_t>(), 20);
     EXPECT_EQ(rank["accum"].get<int64_t>(), 4);  // 64 samples in micro-batches of at most 20
   }
+  fs::remove_all(dir);
+}
+
+// docs/metrics.md's schema: per event ("### `event`" headings), the fields of its table rows
+// (a first cell in backticks) with their type (the second cell).
+std::map<std::string, std::map<std::string, std::string>> documentedFields() {
+  std::ifstream in(std::string(HETRA_SOURCE_DIR) + "/docs/metrics.md");
+  std::map<std::string, std::map<std::string, std::string>> fields;
+  std::string event, line;
+  while (std::getline(in, line)) {
+    if (line.rfind("### `", 0) == 0) {
+      event = line.substr(5, line.find('`', 5) - 5);
+    } else if (!event.empty() && line.rfind("| `", 0) == 0) {
+      const size_t nameEnd = line.find('`', 3), typeStart = line.find('|', nameEnd) + 2;
+      fields[event][line.substr(3, nameEnd - 3)] =
+          line.substr(typeStart, line.find(" |", typeStart) - typeStart);
+    }
+  }
+  return fields;
+}
+
+bool hasType(const nlohmann::json& value, const std::string& type) {
+  if (type == "integer") return value.is_number_integer();
+  if (type == "number") return value.is_number();
+  if (type == "number or null") return value.is_number() || value.is_null();
+  if (type == "string") return value.is_string();
+  if (type == "array") return value.is_array();
+  if (type == "array of strings")
+    return value.is_array() &&
+           std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_string(); });
+  if (type == "array of integers")
+    return value.is_array() && std::all_of(value.begin(), value.end(),
+                                           [](const auto& v) { return v.is_number_integer(); });
+  ADD_FAILURE() << "docs/metrics.md names a type the test does not know: " << type;
+  return false;
+}
+
+// Each record's fields, the objects of "ranks" as ranks[].<field>, with their values.
+std::map<std::string, nlohmann::json> fieldsOf(const nlohmann::json& record) {
+  std::map<std::string, nlohmann::json> fields;
+  for (const auto& [key, value] : record.items()) {
+    fields[key] = value;
+    if (key == "ranks")
+      for (const auto& rank : value)
+        for (const auto& [rankKey, rankValue] : rank.items())
+          fields["ranks[]." + rankKey] = rankValue;
+  }
+  return fields;
+}
+
+// Every record the trainer writes has exactly the fields docs/metrics.md lists for its event, of
+// the listed types, and schema_version 1; the balancer's prediction appears once it has one.
+TEST(Trainer, MetricsRecordsHaveTheDocumentedFields) {
+  torch::set_num_threads(1);
+  const auto dir = tempDir("metrics");
+  trainAll(tinyConfig({"train.steps=20", "train.eval_every=10"}), dir / "metrics.jsonl");
+  const auto documented = documentedFields();
+  for (const char* event : {"step", "balance", "eval", "final", "restart"})
+    ASSERT_TRUE(documented.count(event)) << "docs/metrics.md has no section for " << event;
+  std::map<std::string, int> seen;
+  std::vector<nlohmann::json> ideals;
+  std::ifstream in(dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto record = nlohmann::json::parse(line);
+    const std::string event = record.at("event");
+    ++seen[event];
+    EXPECT_EQ(record.at("schema_version"), 1) << line;
+    ASSERT_TRUE(documented.count(event)) << "an event docs/metrics.md does not know: " << line;
+    const auto& expected = documented.at(event);
+    const auto actual = fieldsOf(record);
+    for (const auto& [field, type] : expected) {
+      if (!actual.count(field)) {
+        ADD_FAILURE() << event << " record without " << field << ": " << line;
+        continue;
+      }
+      EXPECT_TRUE(hasType(actual.at(field), type)) << field << " is no " << type << ": " << line;
+    }
+    for (const auto& [field, value] : actual)
+      EXPECT_TRUE(expected.count(field)) << field << " is not in docs/metrics.md: " << line;
+    if (event == "step") ideals.push_back(record.at("ideal_samples_per_s"));
+  }
+  EXPECT_EQ(seen["step"], 20);
+  EXPECT_EQ(seen["eval"], 2);  // after step 10 and after the last
+  EXPECT_EQ(seen["final"], 1);
+  ASSERT_EQ(ideals.size(), 20u);
+  for (const auto& ideal : ideals) {
+    if (!ideal.is_null()) {
+      EXPECT_GT(ideal.get<double>(), 0.0);
+    }
+  }
+  // Three profiling steps (examples/tiny_synthetic.toml) fit every rank's model long before 20.
+  EXPECT_TRUE(ideals.back().is_number()) << "no prediction after 20 steps";
   fs::remove_all(dir);
 }
 

@@ -10,6 +10,7 @@
 #include "balance/allocation.h"
 #include "common/errors.h"
 #include "common/logging.h"
+#include "common/names.h"
 #include "common/params.h"
 
 namespace hetra::balance {
@@ -76,24 +77,18 @@ int narrowInt(int64_t value, const char* what) {
 
 }  // namespace
 
+constexpr NamedValue<Mode> kModeNames[] = {
+    {Mode::Dynamic, "dynamic"}, {Mode::Static, "static"}, {Mode::Equal, "equal"}};
+static_assert(coversEnum(kModeNames, Mode::Equal));
+
 Mode parseMode(const std::string& name) {
-  if (name == "dynamic") return Mode::Dynamic;
-  if (name == "static") return Mode::Static;
-  if (name == "equal") return Mode::Equal;
+  if (std::optional<Mode> mode = findName(name, kModeNames)) return *mode;
   throw ConfigError(str("balance: mode (HETRA_BALANCE_MODE)='", name,
-                        "' is unknown; allowed: dynamic, static, equal"));
+                        "' is unknown; allowed: ", allowedNames(kModeNames)));
 }
 
 const char* modeName(Mode mode) {
-  switch (mode) {
-    case Mode::Dynamic:
-      return "dynamic";
-    case Mode::Static:
-      return "static";
-    case Mode::Equal:
-      return "equal";
-  }
-  return "?";
+  return nameOf(mode, kModeNames);
 }
 
 BalancerOptions BalancerOptions::fromParams(int64_t globalBatch) {

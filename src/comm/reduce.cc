@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "common/cpu_features.h"
 #include "common/errors.h"
+#include "common/names.h"
 
 namespace hetra::comm {
 namespace {
@@ -20,8 +22,23 @@ namespace {
 #define HETRA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 
+// Min and max of one element pair. On floats a NaN in either input gives NaN, as in torch; the
+// NaN test is compiled only for floats, so integer loops stay plain compare-and-select.
 template <typename T>
-HETRA_CLONES void reduceTyped(ReduceOp op, T* dst, const T* a, const T* b, size_t n) {
+inline T minOf(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>)
+    if (a != a || b != b) return a != a ? a : b;
+  return b < a ? b : a;
+}
+template <typename T>
+inline T maxOf(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>)
+    if (a != a || b != b) return a != a ? a : b;
+  return a < b ? b : a;
+}
+
+template <typename T>
+HETRA_CLONES void reduceElements(ReduceOp op, T* dst, const T* a, const T* b, size_t n) {
   // dst may alias a or b, which __restrict__ would forbid; alias-safe because each element is read
   // before it is written at the same index.
   switch (op) {
@@ -30,36 +47,10 @@ HETRA_CLONES void reduceTyped(ReduceOp op, T* dst, const T* a, const T* b, size_
       for (size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
       break;
     case ReduceOp::Min:
-      for (size_t i = 0; i < n; ++i) dst[i] = b[i] < a[i] ? b[i] : a[i];
+      for (size_t i = 0; i < n; ++i) dst[i] = minOf(a[i], b[i]);
       break;
     case ReduceOp::Max:
-      for (size_t i = 0; i < n; ++i) dst[i] = a[i] < b[i] ? b[i] : a[i];
-      break;
-  }
-}
-
-// NaN propagation for min/max on floats: a NaN in either input gives NaN, as in torch.
-template <typename T>
-inline T nanMin(T a, T b) {
-  return (a != a || b != b) ? (a != a ? a : b) : (b < a ? b : a);
-}
-template <typename T>
-inline T nanMax(T a, T b) {
-  return (a != a || b != b) ? (a != a ? a : b) : (a < b ? b : a);
-}
-
-template <typename T>
-HETRA_CLONES void reduceFloat(ReduceOp op, T* dst, const T* a, const T* b, size_t n) {
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg:
-      for (size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
-      break;
-    case ReduceOp::Min:
-      for (size_t i = 0; i < n; ++i) dst[i] = nanMin(a[i], b[i]);
-      break;
-    case ReduceOp::Max:
-      for (size_t i = 0; i < n; ++i) dst[i] = nanMax(a[i], b[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = maxOf(a[i], b[i]);
       break;
   }
 }
@@ -132,7 +123,7 @@ void reduceManyHalf(ReduceOp op, DType dtype, void* dst, const void* const* srcs
     toFloat(dtype, static_cast<const uint16_t*>(srcs[0]) + start, acc, len);
     for (int k = 1; k < n; ++k) {
       toFloat(dtype, static_cast<const uint16_t*>(srcs[k]) + start, next, len);
-      reduceFloat<float>(op, acc, acc, next, len);
+      reduceElements<float>(op, acc, acc, next, len);
     }
     fromFloat(dtype, acc, static_cast<uint16_t*>(dst) + start, len);
   }
@@ -150,16 +141,10 @@ void reduceManyTyped(ReduceOp op, T* dst, const void* const* srcs, int n, size_t
       continue;
     }
     const T* second = static_cast<const T*>(srcs[1]) + start;
-    if constexpr (std::is_floating_point_v<T>)
-      reduceFloat<T>(op, dst + start, first, second, len);
-    else
-      reduceTyped<T>(op, dst + start, first, second, len);
+    reduceElements<T>(op, dst + start, first, second, len);
     for (int k = 2; k < n; ++k) {
       const T* src = static_cast<const T*>(srcs[k]) + start;
-      if constexpr (std::is_floating_point_v<T>)
-        reduceFloat<T>(op, dst + start, dst + start, src, len);
-      else
-        reduceTyped<T>(op, dst + start, dst + start, src, len);
+      reduceElements<T>(op, dst + start, dst + start, src, len);
     }
   }
 }
@@ -171,24 +156,16 @@ HETRA_CLONES void divideTyped(T* dst, size_t n, T divisor) {
 
 }  // namespace
 
+constexpr NamedValue<ReduceOp> kReduceOpNames[] = {
+    {ReduceOp::Sum, "sum"}, {ReduceOp::Avg, "avg"}, {ReduceOp::Min, "min"}, {ReduceOp::Max, "max"}};
+static_assert(coversEnum(kReduceOpNames, ReduceOp::Max));
+
 const char* reduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum:
-      return "sum";
-    case ReduceOp::Avg:
-      return "avg";
-    case ReduceOp::Min:
-      return "min";
-    case ReduceOp::Max:
-      return "max";
-  }
-  return "?";
+  return nameOf(op, kReduceOpNames);
 }
 
 ReduceOp parseReduceOp(std::string_view name) {
-  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max})
-    if (name == reduceOpName(op)) return op;
-  throw ConfigError(str("reduce op '", name, "' is not supported; allowed: sum, avg, min, max"));
+  return parseName(name, kReduceOpNames, "reduce op");
 }
 
 void halfToFloat(const uint16_t* src, float* dst, size_t count) {

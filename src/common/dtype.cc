@@ -1,65 +1,46 @@
 #include "common/dtype.h"
 
 #include <cstring>
+#include <iterator>
 
 #include "common/errors.h"
+#include "common/names.h"
 
 namespace hetra {
 
+namespace {
+
+constexpr NamedValue<DType> kDTypeNames[] = {{DType::F32, "float32"}, {DType::F64, "float64"},
+                                             {DType::F16, "float16"}, {DType::BF16, "bfloat16"},
+                                             {DType::I32, "int32"},   {DType::I64, "int64"},
+                                             {DType::U8, "uint8"}};
+constexpr NamedValue<DType> kDTypeShortNames[] = {
+    {DType::F32, "f32"}, {DType::F64, "f64"}, {DType::F16, "f16"}, {DType::BF16, "bf16"},
+    {DType::I32, "i32"}, {DType::I64, "i64"}, {DType::U8, "u8"}};
+// Indexed by the enum, as both name tables are.
+constexpr size_t kDTypeSizes[] = {4, 8, 2, 2, 4, 8, 1};
+static_assert(coversEnum(kDTypeNames, DType::U8) && coversEnum(kDTypeShortNames, DType::U8));
+static_assert(std::size(kDTypeSizes) == std::size(kDTypeNames));
+
+}  // namespace
+
 size_t dtypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return 4;
-    case DType::F64:
-      return 8;
-    case DType::F16:
-      return 2;
-    case DType::BF16:
-      return 2;
-    case DType::I32:
-      return 4;
-    case DType::I64:
-      return 8;
-    case DType::U8:
-      return 1;
-  }
+  if (size_t(dtype) < std::size(kDTypeSizes)) return kDTypeSizes[size_t(dtype)];
   throw EnforceError(str("unknown dtype ", int(dtype)));
 }
 
 const char* dtypeName(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return "float32";
-    case DType::F64:
-      return "float64";
-    case DType::F16:
-      return "float16";
-    case DType::BF16:
-      return "bfloat16";
-    case DType::I32:
-      return "int32";
-    case DType::I64:
-      return "int64";
-    case DType::U8:
-      return "uint8";
-  }
-  return "unknown";
+  return nameOf(dtype, kDTypeNames, "unknown");
 }
 
 DType parseDType(std::string_view name) {
-  struct Alias {
-    const char* shortName;
-    DType dtype;
-  };
-  static constexpr Alias kShort[] = {
-      {"f32", DType::F32}, {"f64", DType::F64}, {"f16", DType::F16}, {"bf16", DType::BF16},
-      {"i32", DType::I32}, {"i64", DType::I64}, {"u8", DType::U8}};
-  for (const auto& alias : kShort) {
-    if (name == alias.shortName || name == dtypeName(alias.dtype)) return alias.dtype;
-  }
-  throw ConfigError(str("dtype '", name,
-                        "' is not supported; allowed: float32 (f32), float64 (f64), float16 (f16), "
-                        "bfloat16 (bf16), int32 (i32), int64 (i64), uint8 (u8)"));
+  if (std::optional<DType> dtype = findName(name, kDTypeNames)) return *dtype;
+  if (std::optional<DType> dtype = findName(name, kDTypeShortNames)) return *dtype;
+  std::string allowed;  // "float32 (f32), float64 (f64), ..."
+  for (DType dtype : kAllDTypes)
+    allowed += str(allowed.empty() ? "" : ", ", dtypeName(dtype), " (",
+                   nameOf(dtype, kDTypeShortNames), ")");
+  throw ConfigError(str("dtype '", name, "' is not supported; allowed: ", allowed));
 }
 
 bool isFloating(DType dtype) {

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 
+#include "common/names.h"
 #include "common/net.h"
 #include "common/params.h"
 
@@ -63,18 +64,12 @@ struct Init {
   Init() { reloadConfig(); }
 } init;
 
+constexpr NamedValue<Level> kLevelNames[] = {
+    {Level::Error, "ERROR"}, {Level::Warn, "WARN"}, {Level::Info, "INFO"}, {Level::Debug, "DEBUG"}};
+static_assert(coversEnum(kLevelNames, Level::Debug));
+
 const char* levelName(Level level) {
-  switch (level) {
-    case Level::Error:
-      return "ERROR";
-    case Level::Warn:
-      return "WARN";
-    case Level::Info:
-      return "INFO";
-    case Level::Debug:
-      return "DEBUG";
-  }
-  return "?";
+  return nameOf(level, kLevelNames);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "common/errors.h"
+#include "common/units.h"
 
 namespace hetra {
 namespace {
@@ -42,23 +43,13 @@ std::optional<std::string> environmentValue(const std::string& name) {
 
 int64_t Param::integer() const {
   const std::string value = str();
-  try {
-    size_t used = 0;
-    int64_t parsed = std::stoll(value, &used);
-    if (used == value.size()) return parsed;
-  } catch (const std::exception&) {
-  }
+  if (std::optional<int64_t> parsed = wholeInteger(value)) return *parsed;
   throw ConfigError(hetra::str(env_, "='", value, "' is not an integer"));
 }
 
 double Param::number() const {
   const std::string value = str();
-  try {
-    size_t used = 0;
-    double parsed = std::stod(value, &used);
-    if (used == value.size()) return parsed;
-  } catch (const std::exception&) {
-  }
+  if (std::optional<double> parsed = wholeNumber(value)) return *parsed;
   throw ConfigError(hetra::str(env_, "='", value, "' is not a number"));
 }
 

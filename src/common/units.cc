@@ -83,6 +83,18 @@ NumberAndUnit splitNumber(const std::string& text) {
   return out;
 }
 
+template <typename Parse>
+auto parseWhole(const std::string& text, Parse parse)
+    -> std::optional<decltype(parse(text, nullptr))> {
+  try {
+    size_t used = 0;
+    auto parsed = parse(text, &used);
+    if (used == text.size()) return parsed;
+  } catch (const std::exception&) {  // invalid_argument, out_of_range: not a number either way
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int64_t parseBytes(const std::string& text) {
@@ -165,6 +177,15 @@ double parseSeconds(const std::string& text, const std::string& what) {
                           " is not a duration; use a number >= 0 with s, ms, us or ns, e.g. "
                           "\"5us\" or \"0.5ms\""));
   return parsed.value * unit->scale;
+}
+
+std::optional<int64_t> wholeInteger(const std::string& text) {
+  return parseWhole(
+      text, [](const std::string& t, size_t* used) -> int64_t { return std::stoll(t, used); });
+}
+
+std::optional<double> wholeNumber(const std::string& text) {
+  return parseWhole(text, [](const std::string& t, size_t* used) { return std::stod(t, used); });
 }
 
 }  // namespace hetra

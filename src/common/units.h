@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace hetra {
@@ -31,5 +32,10 @@ double parseRate(const std::string& text, const std::string& what,
 // Seconds, >= 0: a number (exponents allowed) and one of s, ms, us, ns (case-insensitive), e.g.
 // "5us", "0.5ms", "2e-6s". The unit is required: a bare "5" could be any of them.
 double parseSeconds(const std::string& text, const std::string& what);
+
+// The whole of `text` as std::stoll / std::stod read it (leading spaces allowed, nothing left
+// over), else nullopt, for callers that word their own error: plain numbers, no units.
+std::optional<int64_t> wholeInteger(const std::string& text);
+std::optional<double> wholeNumber(const std::string& text);
 
 }  // namespace hetra

@@ -1,8 +1,10 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "common/errors.h"
+#include "common/units.h"
 #include "store/store.h"
 
 namespace hetra::store {
@@ -89,12 +91,7 @@ std::string describeKeys(const std::vector<std::string>& keys) {
 
 int64_t parseInteger(const Bytes& value) {
   const std::string text(value.begin(), value.end());
-  try {
-    size_t used = 0;
-    int64_t parsed = std::stoll(text, &used);
-    if (used == text.size()) return parsed;
-  } catch (const std::exception&) {
-  }
+  if (std::optional<int64_t> parsed = wholeInteger(text)) return *parsed;
   throw Error(str("store value '", text, "' is not an integer (add on a non-counter key)"));
 }
 

@@ -4,16 +4,11 @@
 
 namespace hetra::train {
 
-ModelSpec modelSpecOf(const RunConfig& config) {
+ModelSpec modelSpecOf(const RunConfig& config, const DatasetGeometry& geometry) {
   ModelSpec spec;
   spec.name = config.model.name;
-  if (config.data.name == "synthetic") {
-    spec.sampleShape = {config.data.features};
-    spec.classes = config.data.classes;
-  } else {
-    spec.sampleShape = {1, 28, 28};
-    spec.classes = 10;
-  }
+  spec.sampleShape = geometry.sampleShape;
+  spec.classes = geometry.classes;
   spec.hidden = config.model.hidden;
   spec.channels = config.model.channels;
   spec.layers = config.model.layers;

@@ -8,15 +8,16 @@
 
 #include "balance/balancer.h"
 #include "train/config.h"
+#include "train/dataset_geometry.h"
 #include "train/datasets.h"
 #include "train/models.h"
 #include "train/optim.h"
 
 namespace hetra::train {
 
-// The model config.model names, for the sample shape and classes of config.data (known without
-// loading the data).
-ModelSpec modelSpecOf(const RunConfig& config);
+// The model config.model names, for samples of `geometry` (datasetGeometry(config.data), known
+// without loading the data, or a program's own dataset's).
+ModelSpec modelSpecOf(const RunConfig& config, const DatasetGeometry& geometry);
 DataSpec dataSpecOf(const RunConfig& config);
 OptimSpec optimSpecOf(const TrainConfig& train);
 LrScheduleSpec scheduleSpecOf(const TrainConfig& train, int64_t totalSteps);

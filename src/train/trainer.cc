@@ -188,14 +188,11 @@ class Run {
       HETRA_ENFORCE(model_, "TrainerOptions::makeModel returned no model");
       return;
     }
-    ModelSpec spec = modelSpecOf(config_);
-    if (options_.makeDataset) {
-      spec.sampleShape = trainData_->inputShape();
-      spec.classes = trainData_->classes();
-    }
-    HETRA_ENFORCE(
-        spec.sampleShape == trainData_->inputShape() && spec.classes == trainData_->classes(),
-        "dataset shape differs from the one the config implies");
+    const DatasetGeometry loaded{trainData_->inputShape(), trainData_->classes()};
+    // A program's own dataset has no geometry in the config; the config's must match what loaded.
+    const DatasetGeometry geometry = options_.makeDataset ? loaded : datasetGeometry(config_.data);
+    HETRA_ENFORCE(geometry == loaded, "dataset shape differs from the one the config implies");
+    const ModelSpec spec = modelSpecOf(config_, geometry);
     model_ = makeModel(spec);
     footprint_ = estimateFootprint(spec);
   }
@@ -377,7 +374,7 @@ class Run {
 }  // namespace
 
 void checkModelFits(const RunConfig& config) {
-  const auto footprint = estimateFootprint(modelSpecOf(config));
+  const auto footprint = estimateFootprint(modelSpecOf(config, datasetGeometry(config.data)));
   checkMemoryCaps(config, footprint.fixedBytes, footprint.bytesPerSample);
 }
 

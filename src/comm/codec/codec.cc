@@ -15,6 +15,7 @@
 #include "comm/codec/elements.h"
 #include "common/cpu_features.h"
 #include "common/errors.h"
+#include "common/names.h"
 #include "common/params.h"
 
 #if defined(__x86_64__)
@@ -334,28 +335,19 @@ class Fp8Codec final : public Codec {
 
 }  // namespace
 
+constexpr NamedValue<Compression> kCompressionNames[] = {{Compression::None, "none"},
+                                                         {Compression::F16, "fp16"},
+                                                         {Compression::BF16, "bf16"},
+                                                         {Compression::Fp8E4M3, "fp8-e4m3"},
+                                                         {Compression::Fp8E5M2, "fp8-e5m2"}};
+static_assert(coversEnum(kCompressionNames, Compression::Fp8E5M2));
+
 const char* compressionName(Compression kind) {
-  switch (kind) {
-    case Compression::None:
-      return "none";
-    case Compression::F16:
-      return "fp16";
-    case Compression::BF16:
-      return "bf16";
-    case Compression::Fp8E4M3:
-      return "fp8-e4m3";
-    case Compression::Fp8E5M2:
-      return "fp8-e5m2";
-  }
-  return "?";
+  return nameOf(kind, kCompressionNames);
 }
 
 Compression parseCompression(std::string_view name) {
-  for (Compression kind : {Compression::None, Compression::F16, Compression::BF16,
-                           Compression::Fp8E4M3, Compression::Fp8E5M2})
-    if (name == compressionName(kind)) return kind;
-  throw ConfigError(str("compression '", name,
-                        "' is not supported; allowed: none, fp16, bf16, fp8-e4m3, fp8-e5m2"));
+  return parseName(name, kCompressionNames, "compression");
 }
 
 double unitRoundoff(Compression kind) {
@@ -374,25 +366,18 @@ double unitRoundoff(Compression kind) {
   return 0;
 }
 
+constexpr NamedValue<CodecIsa> kCodecIsaNames[] = {{CodecIsa::Auto, "auto"},
+                                                   {CodecIsa::Scalar, "scalar"},
+                                                   {CodecIsa::Avx2, "avx2"},
+                                                   {CodecIsa::Avx512, "avx512"}};
+static_assert(coversEnum(kCodecIsaNames, CodecIsa::Avx512));
+
 const char* codecIsaName(CodecIsa isa) {
-  switch (isa) {
-    case CodecIsa::Auto:
-      return "auto";
-    case CodecIsa::Scalar:
-      return "scalar";
-    case CodecIsa::Avx2:
-      return "avx2";
-    case CodecIsa::Avx512:
-      return "avx512";
-  }
-  return "?";
+  return nameOf(isa, kCodecIsaNames);
 }
 
 CodecIsa parseCodecIsa(std::string_view name) {
-  for (CodecIsa isa : {CodecIsa::Auto, CodecIsa::Scalar, CodecIsa::Avx2, CodecIsa::Avx512})
-    if (name == codecIsaName(isa)) return isa;
-  throw ConfigError(
-      str("codec ISA '", name, "' is not supported; allowed: auto, scalar, avx2, avx512"));
+  return parseName(name, kCodecIsaNames, "codec ISA");
 }
 
 bool codecIsaSupported(CodecIsa isa) {
