@@ -16,9 +16,6 @@
 #include <string>
 #include <vector>
 
-// TODO(remove): a thin forward for tools/hetra/run_command.cc, which still takes the checkpoint
-// functions from here; once it includes train/checkpoint.h itself, this include goes.
-#include "train/checkpoint.h"
 
 namespace hetra::train {
 

@@ -22,7 +22,8 @@
 #include "launch/elastic.h"
 #include "launch_command.h"
 #include "train/config.h"
-#include "train/optim.h"
+#include "train/checkpoint.h"
+#include "train/report.h"
 #include "train/trainer.h"
 
 namespace hetra::cli {
@@ -211,25 +212,6 @@ launch::LocalJobEnd runAttempt(const train::RunConfig& config,
   return launch::runLocalJob(job);
 }
 
-// The newest own checkpoint under `root` (see the vocabulary), or "" when there is none.
-std::string ownCheckpoint(const std::string& root, std::filesystem::file_time_type since) {
-  namespace fs = std::filesystem;
-  std::map<int64_t, fs::path, std::greater<>> steps;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const int64_t step = train::checkpointStep(entry.path().filename().string());
-    if (step >= 0 && entry.is_directory(ec)) steps[step] = entry.path();
-  }
-  for (const auto& [step, dir] : steps) {
-    const auto written = fs::last_write_time(dir / "MANIFEST", ec);
-    if (ec || written < since) continue;
-    const std::string why = train::checkCheckpoint(dir.string());
-    if (why.empty()) return dir.string();
-    HETRA_WARN("cli", "elastic: checkpoint ", dir.string(), " is unusable: ", why);
-  }
-  return "";
-}
-
 // The last step rank 0 recorded in the metrics file (records are flushed about once a second, so
 // the step the rank died at may be a little later), or -1.
 int64_t lastRecordedStep(const std::string& path) {
@@ -287,16 +269,13 @@ int superviseElastic(const RunOptions& options, const train::RunConfig& config,
     const std::string failedName = config.devices[failed].name;
     reportFailure(failure, end.code, /*head=*/"");
     const int64_t lastStep = lastRecordedStep(options.metricsPath);
-    const std::string own = ownCheckpoint(config.train.checkpointDir, started);
+    const std::string own = train::newestCheckpointSince(config.train.checkpointDir, started);
     // Before this run's first checkpoint, a restart begins where the first attempt did.
     attempt = launch::nextAttempt(attempt, failure.rank, own.empty() ? options.resumeDir : own);
     const std::vector<size_t>& devices = attempt.devices;
     const std::string& resume = attempt.resume;
     int64_t resumeStep = 0;
-    if (!resume.empty()) {
-      std::ifstream in(fs::path(train::findCheckpoint(resume)) / "state.json");
-      resumeStep = nlohmann::json::parse(in).at("step").get<int64_t>();
-    }
+    if (!resume.empty()) resumeStep = train::savedStep(train::findCheckpoint(resume));
     const std::string from = resume.empty() ? std::string("from the start (no checkpoint yet)")
                                             : str("from checkpoint ", resume);
     std::fprintf(stderr,
@@ -309,8 +288,7 @@ int superviseElastic(const RunOptions& options, const train::RunConfig& config,
     if (!options.metricsPath.empty()) {
       std::vector<std::string> names;
       for (size_t d : devices) names.push_back(config.devices[d].name);
-      const nlohmann::json record = {{"event", "restart"},
-                                     {"restart", restart + 1},
+      const nlohmann::json record = {{"restart", restart + 1},
                                      {"max_restarts", elastic.maxRestarts},
                                      {"failed_rank", failure.rank},
                                      {"failed_device", failedName},
@@ -321,9 +299,8 @@ int superviseElastic(const RunOptions& options, const train::RunConfig& config,
                                      {"checkpoint", resume},
                                      {"devices", names},
                                      {"attempt_s", attemptSeconds}};
-      std::ofstream out(options.metricsPath, std::ios::app);
-      out << record.dump() << "\n";
-      if (!out) HETRA_WARN("cli", "cannot append the restart record to ", options.metricsPath);
+      if (!train::appendMetricsRecord(options.metricsPath, "restart", record))
+        HETRA_WARN("cli", "cannot append the restart record to ", options.metricsPath);
     }
   }
 }

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "comm/transport/futex.h"
+#include "comm/transport/peer_request.h"
 #include "comm/transport/shared_arena.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -227,25 +228,13 @@ void ringRead(const uint8_t* ring, size_t capacity, uint64_t pos, void* dst, siz
 
 class ShmTransport;
 
-class ShmRequest : public Request {
+class ShmRequest : public PeerRequest<ShmRequest, ShmTransport> {
  public:
-  ShmRequest(ShmTransport* transport, bool isSend, int peer, uint64_t tag, uint8_t* data,
-             size_t bytes)
-      : transport_(transport),
-        isSend_(isSend),
-        peer_(peer),
-        tag_(tag),
-        data_(data),
-        bytes_(bytes) {}
+  using PeerRequest::PeerRequest;
   ~ShmRequest() override;
-  void wait(Deadline deadline) override;
 
-  ShmTransport* transport_;
-  const bool isSend_;
-  const int peer_;
-  const uint64_t tag_;
-  uint8_t* const data_;
-  const size_t bytes_;
+ private:
+  friend class ShmTransport;
   // Guarded by the transport's mutex:
   bool framed_ = false;  // send: its frame is in the ring
   size_t moved_ = 0;     // payload bytes written (send) or delivered (recv)
@@ -339,7 +328,7 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
   std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     checkPeerIndex(peer);
     auto request = std::make_unique<ShmRequest>(
-        this, true, peer, tag, const_cast<uint8_t*>(static_cast<const uint8_t*>(data)), bytes);
+        *this, true, peer, tag, const_cast<uint8_t*>(static_cast<const uint8_t*>(data)), bytes);
     checkAborted();
     std::lock_guard<std::mutex> lock(mutex_);
     Outbound& out = outbound_[peer];
@@ -358,7 +347,7 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
   std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
     checkPeerIndex(peer);
     auto request =
-        std::make_unique<ShmRequest>(this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
+        std::make_unique<ShmRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
     checkAborted();
     std::lock_guard<std::mutex> lock(mutex_);
     Inbound& in = inbound_[peer];
@@ -406,7 +395,7 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
     }
   }
 
-  void waitRequest(ShmRequest& request, Deadline deadline) {
+  void wait(ShmRequest& request, Deadline deadline) {
     if (!request.complete_.load(std::memory_order_acquire)) waitSlow(request, deadline);
     if (request.error_) std::rethrow_exception(request.error_);
   }
@@ -801,10 +790,7 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
 };
 
 ShmRequest::~ShmRequest() {
-  transport_->forget(*this);
-}
-void ShmRequest::wait(Deadline deadline) {
-  transport_->waitRequest(*this, deadline);
+  transport_.forget(*this);
 }
 
 void checkSegmentName(const std::string& name) {
