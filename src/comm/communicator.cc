@@ -156,7 +156,9 @@ class CommunicatorImpl : public Communicator,
     args.op = reducedAs(op);
     return enqueue(
         OpKind::ReduceScatter, dtype, args.op, totalCount(counts) * dtypeSize(dtype), policy,
-        [=] { return str("reduce-scatter of ", totalCount(counts), " ", dtypeName(dtype)); },
+        [total = totalCount(counts), dtype] {
+          return str("reduce-scatter of ", total, " ", dtypeName(dtype));
+        },
         [this, args, op](Provider& p, const Operation& o, Deadline d) mutable {
           stamp(args, o, d);
           p.reduceScatter(facts_, o, args);
@@ -174,7 +176,9 @@ class CommunicatorImpl : public Communicator,
     args.dtype = dtype;
     return enqueue(
         OpKind::Allgather, dtype, ReduceOp::Sum, totalCount(counts) * dtypeSize(dtype), policy,
-        [=] { return str("allgather of ", totalCount(counts), " ", dtypeName(dtype)); },
+        [total = totalCount(counts), dtype] {
+          return str("allgather of ", total, " ", dtypeName(dtype));
+        },
         [this, args](Provider& p, const Operation& o, Deadline d) mutable {
           stamp(args, o, d);
           p.allgather(facts_, o, args);
@@ -252,8 +256,6 @@ class CommunicatorImpl : public Communicator,
   }
 
  private:
-  using Run = std::function<void(Provider&, const Operation&, Deadline)>;
-
   static ReduceOp reducedAs(ReduceOp op) { return op == ReduceOp::Avg ? ReduceOp::Sum : op; }
 
   // What an operation learns when it starts running: its deadline, its number in the group (the
@@ -279,11 +281,14 @@ class CommunicatorImpl : public Communicator,
 
   // The provider is chosen when the operation is issued, so a forced provider that cannot run it
   // fails the call itself (ConfigError), before anything is queued.
+  // `run(provider, operation, deadline)` runs it. Providers stay in the table for the life of the
+  // process, so the closure holds a plain pointer.
+  template <typename Describe, typename Run>
   WorkPtr enqueue(OpKind kind, DType dtype, ReduceOp op, size_t bytes, const OpPolicy& policy,
-                  std::function<std::string()> describe, Run run) {
+                  Describe describe, Run run) {
     Operation o = operation(kind, dtype, op, bytes, policy);
     o.provider = chooseProvider(o, facts_, forced_);
-    const std::shared_ptr<Provider> provider = providers()[o.provider - 1];
+    Provider* provider = providers()[o.provider - 1].get();
     return queue_->enqueue(std::move(describe),
                            [run = std::move(run), provider, o, policy](Deadline d) mutable {
                              o.policy = &policy;  // the copy this closure owns

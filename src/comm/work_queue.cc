@@ -5,49 +5,32 @@
 
 namespace hetra::comm {
 
-class WorkQueue::Item : public Work {
- public:
-  Item(WorkQueue* owner, std::function<std::string()> describe, std::function<void(Deadline)> run)
-      : owner_(owner), describe_(std::move(describe)), run_(std::move(run)) {}
+void WorkQueue::Item::wait(Deadline deadline) {
+  if (!isCompleted()) owner_->waitFor(*this, deadline);
+  if (error_) std::rethrow_exception(error_);
+}
 
-  bool isCompleted() const override { return done_.load(std::memory_order_acquire); }
-  void wait(Deadline deadline) override {
-    if (!isCompleted()) owner_->waitFor(*this, deadline);
-    if (error_) std::rethrow_exception(error_);
-  }
-  // An operation queued behind others starts when they end, and each has the group's timeout
-  // from its start: twice that covers the common case of one operation ahead.
-  void wait() override { wait(deadlineAfter(2 * owner_->timeout_)); }
-  std::exception_ptr exception() const override { return isCompleted() ? error_ : nullptr; }
-  double seconds() const override { return isCompleted() ? seconds_ : 0.0; }
+// An operation queued behind others starts when they end, and each has the group's timeout from
+// its start: twice that covers the common case of one operation ahead.
+void WorkQueue::Item::wait() {
+  wait(deadlineAfter(2 * owner_->timeout_));
+}
 
-  std::string describe() const { return describe_(); }
-
-  // Runs the operation (once, on whichever thread executes it) and publishes the result.
-  void execute(std::exception_ptr latched, Millis timeout) {
-    const auto start = Clock::now();
-    if (latched) {
-      error_ = latched;
-    } else {
-      try {
-        run_(start + timeout);
-      } catch (const std::exception& e) {
-        HETRA_WARN("comm", describe(), " failed: ", e.what());
-        error_ = std::current_exception();
-      }
+void WorkQueue::Item::execute(std::exception_ptr latched, Millis timeout) {
+  const auto start = Clock::now();
+  if (latched) {
+    error_ = latched;
+  } else {
+    try {
+      run(start + timeout);
+    } catch (const std::exception& e) {
+      HETRA_WARN("comm", describe(), " failed: ", e.what());
+      error_ = std::current_exception();
     }
-    seconds_ = secondsSince(start);
-    done_.store(true, std::memory_order_release);
   }
-
- private:
-  WorkQueue* owner_;  // valid until done_: the queue drains before it dies
-  std::function<std::string()> describe_;
-  std::function<void(Deadline)> run_;
-  std::exception_ptr error_;
-  double seconds_ = 0;
-  std::atomic<bool> done_{false};
-};
+  seconds_ = secondsSince(start);
+  done_.store(true, std::memory_order_release);
+}
 
 WorkQueue::WorkQueue(int rank, Millis timeout,
                      std::function<void(std::exception_ptr)> onFirstFailure)
@@ -64,15 +47,12 @@ WorkQueue::~WorkQueue() {
   worker_.join();
 }
 
-WorkPtr WorkQueue::enqueue(std::function<std::string()> describe,
-                           std::function<void(Deadline)> run) {
-  auto item = std::make_shared<Item>(this, std::move(describe), std::move(run));
+void WorkQueue::push(std::shared_ptr<Item> item) {
   std::lock_guard<std::mutex> lock(mutex_);
-  queue_.push_back(item);
+  queue_.push_back(std::move(item));
   queued_.fetch_add(1, std::memory_order_release);
   // A polling progress thread finds the operation by itself; only a deep sleeper needs a wake-up.
   if (workerAsleep_) cv_.notify_all();
-  return item;
 }
 
 void WorkQueue::latch(std::exception_ptr error) {

@@ -35,8 +35,14 @@ class WorkQueue {
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
 
-  // `describe` builds the operation's name only when a message needs it.
-  WorkPtr enqueue(std::function<std::string()> describe, std::function<void(Deadline)> run);
+  // `describe()` builds the operation's name only when a message needs it; `run(deadline)` runs it.
+  // One allocation holds the Work and both closures.
+  template <typename Describe, typename Run>
+  WorkPtr enqueue(Describe describe, Run run) {
+    auto item = std::make_shared<ItemOf<Describe, Run>>(this, std::move(describe), std::move(run));
+    push(item);
+    return item;
+  }
 
   // Fails every operation from now on with `error` (the first latched error stays).
   void latch(std::exception_ptr error);
@@ -44,8 +50,43 @@ class WorkQueue {
   Millis timeout() const { return timeout_; }
 
  private:
-  class Item;
-  friend class Item;
+  // One queued operation and its Work handle.
+  class Item : public Work {
+   public:
+    explicit Item(WorkQueue* owner) : owner_(owner) {}
+    bool isCompleted() const override { return done_.load(std::memory_order_acquire); }
+    void wait(Deadline deadline) override;
+    void wait() override;
+    std::exception_ptr exception() const override { return isCompleted() ? error_ : nullptr; }
+    double seconds() const override { return isCompleted() ? seconds_ : 0.0; }
+    virtual std::string describe() const = 0;
+    // Runs the operation (once, on whichever thread executes it) and publishes the result.
+    void execute(std::exception_ptr latched, Millis timeout);
+
+   protected:
+    virtual void run(Deadline deadline) = 0;
+
+   private:
+    WorkQueue* owner_;  // valid until done_: the queue drains before it dies
+    std::exception_ptr error_;
+    double seconds_ = 0;
+    std::atomic<bool> done_{false};
+  };
+
+  template <typename Describe, typename Run>
+  class ItemOf final : public Item {
+   public:
+    ItemOf(WorkQueue* owner, Describe describe, Run run)
+        : Item(owner), describe_(std::move(describe)), run_(std::move(run)) {}
+    std::string describe() const override { return describe_(); }
+
+   private:
+    void run(Deadline deadline) override { run_(deadline); }
+    Describe describe_;
+    Run run_;
+  };
+
+  void push(std::shared_ptr<Item> item);
 
   void waitFor(Item& item, Deadline deadline);
   void executeFront(std::unique_lock<std::mutex>& lock);
