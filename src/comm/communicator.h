@@ -56,8 +56,6 @@ class Work {
   // The same with a deadline from the group's timeout (GroupOptions::timeout).
   virtual void wait() = 0;
   virtual std::exception_ptr exception() const = 0;
-  // Seconds the operation ran on the progress thread (0 until completed).
-  virtual double seconds() const = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -17,18 +17,16 @@ void WorkQueue::Item::wait() {
 }
 
 void WorkQueue::Item::execute(std::exception_ptr latched, Millis timeout) {
-  const auto start = Clock::now();
   if (latched) {
     error_ = latched;
   } else {
     try {
-      run(start + timeout);
+      run(deadlineAfter(timeout));
     } catch (const std::exception& e) {
       HETRA_WARN("comm", describe(), " failed: ", e.what());
       error_ = std::current_exception();
     }
   }
-  seconds_ = secondsSince(start);
   done_.store(true, std::memory_order_release);
 }
 
@@ -64,14 +62,19 @@ void WorkQueue::latch(std::exception_ptr error) {
 // operation issued and waited for at once never crosses threads, so small collectives cost what
 // the algorithm costs (no thread wake-up on the critical path).
 void WorkQueue::waitFor(Item& item, Deadline deadline) {
-  const auto start = Clock::now();
-  const Deadline spinUntil = start + std::chrono::microseconds(kWaitSpinUs);
+  // The clock is read only once running the queue's front is not enough: an operation issued and
+  // waited for at once completes without one.
+  Clock::time_point start{}, spinUntil{};
   while (!item.isCompleted()) {
     if (!executing_.load(std::memory_order_acquire) &&
         queued_.load(std::memory_order_acquire) > 0) {
       std::unique_lock<std::mutex> lock(mutex_);
       if (!executing_ && !queue_.empty()) executeFront(lock);
       continue;
+    }
+    if (start == Clock::time_point{}) {
+      start = Clock::now();
+      spinUntil = start + std::chrono::microseconds(kWaitSpinUs);
     }
     if (Clock::now() < spinUntil) {
       std::this_thread::yield();
@@ -91,8 +94,12 @@ void WorkQueue::waitFor(Item& item, Deadline deadline) {
 
 // Runs the operation at the front of the queue with the lock released; exactly one thread
 // executes at a time, which keeps the group's operations in issue order on every rank.
+// Returns with the lock released. The end of an operation takes the lock again only to wake
+// somebody: a waiter or a sleeping progress thread announces itself (seq_cst) before it checks
+// executing_ and the queue, and this thread clears executing_ (seq_cst) before it looks for them,
+// so one of the two always sees the other.
 void WorkQueue::executeFront(std::unique_lock<std::mutex>& lock) {
-  auto item = queue_.front();
+  std::shared_ptr<Item> item = std::move(queue_.front());
   queue_.pop_front();
   queued_.fetch_sub(1, std::memory_order_release);
   executing_.store(true, std::memory_order_release);
@@ -103,9 +110,12 @@ void WorkQueue::executeFront(std::unique_lock<std::mutex>& lock) {
     latch(error);
     onFirstFailure_(error);
   }
-  lock.lock();
-  executing_.store(false, std::memory_order_release);
-  if (waiters_ > 0 || workerAsleep_ || !queue_.empty()) cv_.notify_all();
+  executing_.store(false);
+  if (waiters_.load() > 0 || workerAsleep_.load() || queued_.load() > 0) {
+    lock.lock();
+    cv_.notify_all();
+    lock.unlock();
+  }
 }
 
 // The progress thread runs operations nobody waits for yet (gradient buckets during backward).
@@ -116,6 +126,7 @@ void WorkQueue::workLoop() {
   for (;;) {
     if (!executing_ && !queue_.empty()) {
       executeFront(lock);
+      lock.lock();
       lastActive = Clock::now();
       continue;
     }

@@ -58,7 +58,6 @@ class WorkQueue {
     void wait(Deadline deadline) override;
     void wait() override;
     std::exception_ptr exception() const override { return isCompleted() ? error_ : nullptr; }
-    double seconds() const override { return isCompleted() ? seconds_ : 0.0; }
     virtual std::string describe() const = 0;
     // Runs the operation (once, on whichever thread executes it) and publishes the result.
     void execute(std::exception_ptr latched, Millis timeout);
@@ -69,7 +68,6 @@ class WorkQueue {
    private:
     WorkQueue* owner_;  // valid until done_: the queue drains before it dies
     std::exception_ptr error_;
-    double seconds_ = 0;
     std::atomic<bool> done_{false};
   };
 
@@ -106,10 +104,10 @@ class WorkQueue {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Item>> queue_;
-  std::atomic<size_t> queued_{0};       // queue_.size(), readable without the lock
-  std::atomic<bool> executing_{false};  // an operation is running (on any thread)
-  int waiters_ = 0;                     // callers blocked on cv_
-  bool workerAsleep_ = false;           // the progress thread waits for an explicit wake-up
+  std::atomic<size_t> queued_{0};          // queue_.size(), readable without the lock
+  std::atomic<bool> executing_{false};     // an operation is running (on any thread)
+  std::atomic<int> waiters_{0};            // callers blocked on cv_ (changed under the lock)
+  std::atomic<bool> workerAsleep_{false};  // the progress thread waits for an explicit wake-up
   std::exception_ptr failed_;
   bool stopping_ = false;
   std::thread worker_;
