@@ -14,6 +14,15 @@
 
 namespace hetra::comm {
 
+// The arguments every isend/irecv checks before it queues a request: `peer` is another rank of
+// the group and a buffer is there for a non-empty message. `transport` prefixes the message.
+inline void enforcePeerAndBuffer(const char* transport, int rank, int size, int peer,
+                                 const void* data, size_t bytes) {
+  HETRA_ENFORCE(peer >= 0 && peer < size && peer != rank, transport, ": peer ", peer,
+                " is not another rank of this group of ", size, " (this is rank ", rank, ")");
+  HETRA_ENFORCE(data != nullptr || bytes == 0, transport, ": null buffer for ", bytes, " bytes");
+}
+
 template <class Derived, class Owner>
 class PeerRequest : public Request {
  public:
