@@ -21,6 +21,7 @@
 #include "launch.h"
 #include "launch/elastic.h"
 #include "launch_command.h"
+#include "rank_group.h"
 #include "train/config.h"
 #include "train/optim.h"
 #include "train/trainer.h"
@@ -149,10 +150,7 @@ void runRank(const RunOptions& options, const train::RunConfig& config, const Ra
   const Millis timeout(int64_t(config.comm.timeoutS * 1000));
   std::shared_ptr<void> server;
   auto store = connectJobStore(context, timeout, &server);
-  comm::GroupOptions group;
-  group.transport = config.comm.transport;
-  group.timeout = timeout;
-  group.listenAddress = listenAddressFor(context);
+  comm::GroupOptions group = rankGroupOptions(context, config.comm.transport, timeout);
   group.compression = comm::parseCompression(config.comm.compression);
   group.compressionBlock = size_t(config.comm.compressionBlock);
   group.compressionMinBytes = size_t(config.comm.compressionMinBytes);
