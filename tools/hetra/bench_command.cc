@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/units.h"
 #include "launch.h"
+#include "rank_group.h"
 
 namespace hetra::cli {
 namespace {
@@ -223,10 +224,7 @@ int runBenchRank(const BenchOptions& o) {
   log::setRank(context->rank);
   std::shared_ptr<void> server;
   auto store = connectJobStore(*context, Millis(o.timeoutMs), &server);
-  comm::GroupOptions groupOptions;
-  groupOptions.transport = o.transport;
-  groupOptions.timeout = Millis(o.timeoutMs);
-  groupOptions.listenAddress = listenAddressFor(*context);
+  comm::GroupOptions groupOptions = rankGroupOptions(*context, o.transport, Millis(o.timeoutMs));
   groupOptions.algorithm = o.algo;  // "": HETRA_ALGO
   auto comm = comm::Communicator::create(store, context->rank, context->worldSize, groupOptions);
   Bench bench(o, *comm);

@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "device/probe.h"
 #include "launch.h"
+#include "rank_group.h"
 
 namespace hetra::cli {
 namespace {
@@ -75,10 +76,7 @@ int runProbeLinksRank(const ProbeLinksOptions& o) {
 
   std::shared_ptr<void> server;
   auto store = connectJobStore(*context, Millis(o.timeoutMs), &server);
-  comm::GroupOptions group;
-  group.transport = o.transport;
-  group.timeout = Millis(o.timeoutMs);
-  group.listenAddress = listenAddressFor(*context);
+  comm::GroupOptions group = rankGroupOptions(*context, o.transport, Millis(o.timeoutMs));
   group.algorithm = "ring";  // no hierarchy: the probe measures links, not collectives
   links.hostGroup = group;
   links.hostGroup.transport = o.transport == "tcp" ? "tcp" : "auto";

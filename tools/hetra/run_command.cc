@@ -21,6 +21,7 @@
 #include "launch.h"
 #include "launch/elastic.h"
 #include "launch_command.h"
+#include "rank_group.h"
 #include "train/config.h"
 #include "train/checkpoint.h"
 #include "train/report.h"
@@ -150,10 +151,7 @@ void runRank(const RunOptions& options, const train::RunConfig& config, const Ra
   const Millis timeout(int64_t(config.comm.timeoutS * 1000));
   std::shared_ptr<void> server;
   auto store = connectJobStore(context, timeout, &server);
-  comm::GroupOptions group;
-  group.transport = config.comm.transport;
-  group.timeout = timeout;
-  group.listenAddress = listenAddressFor(context);
+  comm::GroupOptions group = rankGroupOptions(context, config.comm.transport, timeout);
   // [topology] (already resolved: no file left): islands, algorithm, the cost model's links.
   const train::TopologyConfig& topology = config.topology;
   group.islands.assign(topology.islands.begin(), topology.islands.end());

@@ -71,6 +71,16 @@ struct Layout {
   size_t scratchElements() const { return segments * maxSegment; }
 };
 
+// Sends every non-empty segment of block b of `buffer` to `peer`, one request each, onto `sends`.
+void sendBlock(Transport& transport, int peer, uint64_t tag, const uint8_t* buffer,
+               const Layout& layout, size_t b, size_t es, std::vector<RequestPtr>& sends) {
+  for (size_t k = 0; k < layout.segments; ++k) {
+    const size_t len = layout.segSize(b, k);
+    if (len)
+      sends.push_back(transport.isend(peer, tag, buffer + layout.segBegin(b, k) * es, len * es));
+  }
+}
+
 ReduceOp reduceAs(ReduceOp op) {
   return op == ReduceOp::Avg ? ReduceOp::Sum : op;
 }
@@ -140,11 +150,7 @@ void allreduceRingLarge(Transport& transport, const AllreduceArgs& a) {
     for (size_t k = 0; k < K; ++k) postReduceRecv(s, k);
   // Reduce step 0 sends our own input of block r-1. In place, gather step 0 later overwrites that
   // block, but only with data that could not exist before these bytes reached right.
-  for (size_t k = 0; k < K; ++k) {
-    const size_t b = mod(r - 1, n), len = layout.segSize(b, k);
-    if (len)
-      sends.push_back(transport.isend(right, reduceTag, in + layout.segBegin(b, k) * es, len * es));
-  }
+  sendBlock(transport, right, reduceTag, in, layout, mod(r - 1, n), es, sends);
 
   for (int s = 0; s < steps; ++s) {
     const size_t b = mod(r - 2 - s, n);
@@ -236,11 +242,7 @@ void reduceScatterRing(Transport& transport, const ReduceScatterArgs& args) {
   // buffers), each later step one step ahead, as its buffer frees up.
   for (int s = 0; s < std::min(2, steps); ++s)
     for (size_t k = 0; k < K; ++k) postRecv(s, k);
-  for (size_t k = 0; k < K; ++k) {
-    const size_t b = mod(r - 1, n), len = layout.segSize(b, k);
-    if (len)
-      sends.push_back(transport.isend(right, tag, in + layout.segBegin(b, k) * es, len * es));
-  }
+  sendBlock(transport, right, tag, in, layout, mod(r - 1, n), es, sends);
   for (int s = 0; s < steps; ++s) {
     const size_t b = mod(r - 2 - s, n);
     for (size_t k = 0; k < K; ++k) {
@@ -287,11 +289,7 @@ void allgatherRing(Transport& transport, const AllgatherArgs& args) {
       if (len)
         recvs[s * K + k] = transport.irecv(left, tag, out + layout.segBegin(b, k) * es, len * es);
     }
-  for (size_t k = 0; k < K; ++k) {
-    const size_t len = layout.segSize(r, k);
-    if (len)
-      sends.push_back(transport.isend(right, tag, out + layout.segBegin(r, k) * es, len * es));
-  }
+  sendBlock(transport, right, tag, out, layout, r, es, sends);
   for (int s = 0; s + 1 < steps; ++s) {
     const size_t b = mod(r - 1 - s, n);
     for (size_t k = 0; k < K; ++k) {

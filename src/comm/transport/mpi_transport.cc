@@ -71,6 +71,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "comm/transport/group_join.h"
 #include "comm/transport/mpi_runtime.h"
 #include "comm/transport/peer_request.h"
 #include "comm/transport/tag_matcher.h"
@@ -247,9 +248,6 @@ void MpiTransport::postInbox(int peer) {
 
 std::unique_ptr<Request> MpiTransport::isend(int peer, uint64_t tag, const void* data,
                                              size_t bytes) {
-  HETRA_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "mpi: peer ", peer,
-                " is not another rank of this group of ", size_, " (this is rank ", rank_, ")");
-  HETRA_ENFORCE(data != nullptr || bytes == 0, "mpi: null buffer for ", bytes, " bytes");
   auto request = std::make_unique<MpiRequest>(
       *this, true, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -285,9 +283,6 @@ std::unique_ptr<Request> MpiTransport::isend(int peer, uint64_t tag, const void*
 }
 
 std::unique_ptr<Request> MpiTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
-  HETRA_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "mpi: peer ", peer,
-                " is not another rank of this group of ", size_, " (this is rank ", rank_, ")");
-  HETRA_ENFORCE(data != nullptr || bytes == 0, "mpi: null buffer for ", bytes, " bytes");
   auto request =
       std::make_unique<MpiRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -646,9 +641,7 @@ MpiTransport::~MpiTransport() {
 
 std::unique_ptr<Transport> createMpiTransport(std::shared_ptr<store::Store> store, int rank,
                                               int size, const MpiOptions& options) {
-  HETRA_ENFORCE(store != nullptr, "mpi transport: no store");
-  HETRA_ENFORCE(size >= 1 && rank >= 0 && rank < size, "mpi transport: rank ", rank,
-                " is outside a group of ", size);
+  enforceGroupMember("mpi transport", store.get(), rank, size);
   const Deadline deadline = deadlineAfter(options.timeout);
   const MpiProcess process = initMpi();
   reapParked();
@@ -660,25 +653,13 @@ std::unique_ptr<Transport> createMpiTransport(std::shared_ptr<store::Store> stor
     store->setString("group", str(id));
   }
   // Join: every rank publishes its MPI job, world rank and host; a missing rank is named here.
-  store->setString(str("world/", rank),
-                   str(process.job, "\n", process.worldRank, "\n", net::hostName()));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(str("world/", r));
-  try {
-    store->wait(keys, remaining(deadline));
-  } catch (const TimeoutError&) {
-    std::string missing;
-    int count = 0;
-    for (int r = 0; r < size; ++r)
-      if (!store->check({keys[size_t(r)]})) missing += str(count++ ? ", " : "", r);
-    throw TimeoutError(str("mpi transport: rank", count > 1 ? "s " : " ", missing,
-                           " of a group of ", size, " did not join within ",
-                           options.timeout.count(), " ms (this is rank ", rank, ")"));
-  }
+  const std::vector<std::string> records =
+      joinGroup(*store, "world", str(process.job, "\n", process.worldRank, "\n", net::hostName()),
+                rank, size, deadline, options.timeout, "mpi transport");
   std::vector<int> worldRanks(static_cast<size_t>(size), -1);
   std::vector<std::string> hosts(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
-    const std::string record = store->getString(keys[size_t(r)], remaining(deadline));
+    const std::string& record = records[size_t(r)];
     const size_t first = record.find('\n');
     const size_t second = record.find('\n', first == std::string::npos ? first : first + 1);
     if (second == std::string::npos)

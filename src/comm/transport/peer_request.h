@@ -2,7 +2,8 @@
 // buffer, size — and the transport that moves it. The transport (`Owner`) waits for it with
 // `Owner::wait(Derived&, Deadline)` and names peers with `Owner::who(peer)`. Each transport derives
 // its request, adds its progress state, and releases it in its own destructor (where that state
-// still exists).
+// still exists). Constructing one checks the arguments of isend/irecv (`Owner::name()`, `rank()`
+// and `size()` word the error).
 #pragma once
 
 #include <cstddef>
@@ -18,12 +19,14 @@ template <class Derived, class Owner>
 class PeerRequest : public Request {
  public:
   PeerRequest(Owner& transport, bool isSend, int peer, uint64_t tag, uint8_t* data, size_t bytes)
-      : transport_(transport),
-        isSend_(isSend),
-        peer_(peer),
-        tag_(tag),
-        data_(data),
-        bytes_(bytes) {}
+      : transport_(transport), isSend_(isSend), peer_(peer), tag_(tag), data_(data), bytes_(bytes) {
+    // Every isend/irecv makes its request first, so this is the one check of their arguments.
+    const int rank = transport.rank(), size = transport.size();
+    HETRA_ENFORCE(peer >= 0 && peer < size && peer != rank, transport.name(), ": peer ", peer,
+                  " is not another rank of this group of ", size, " (this is rank ", rank, ")");
+    HETRA_ENFORCE(data != nullptr || bytes == 0, transport.name(), ": null buffer for ", bytes,
+                  " bytes");
+  }
 
   void wait(Deadline deadline) override { transport_.wait(static_cast<Derived&>(*this), deadline); }
 

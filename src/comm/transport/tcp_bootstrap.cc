@@ -2,6 +2,7 @@
 // ranks join, the higher rank of each pair connects to the lower one, authenticates (common/auth.h)
 // and exchanges the hello (tcp_wire.h); the listening socket then refuses strangers until the
 // transport is destroyed.
+#include "comm/transport/group_join.h"
 #include "comm/transport/tcp_engine.h"
 #include "comm/transport/tcp_wire.h"
 
@@ -353,9 +354,7 @@ TcpTransport::~TcpTransport() {
 
 std::unique_ptr<Transport> createTcpTransport(std::shared_ptr<store::Store> store, int rank,
                                               int size, const TcpOptions& options) {
-  HETRA_ENFORCE(store != nullptr, "tcp transport: no store");
-  HETRA_ENFORCE(size >= 1 && rank >= 0 && rank < size, "tcp transport: rank ", rank,
-                " is outside a group of ", size);
+  enforceGroupMember("tcp transport", store.get(), rank, size);
   tcp::ignoreSigpipe();
   const Deadline deadline = deadlineAfter(options.timeout);
 
@@ -365,25 +364,8 @@ std::unique_ptr<Transport> createTcpTransport(std::shared_ptr<store::Store> stor
   auto transport = std::make_unique<tcp::TcpTransport>(store, rank, size, options);
   if (size > 1) transport->setup(deadline);
   // Join: a missing rank is named here instead of surfacing as an anonymous connection timeout.
-  store->setString(str("join/", rank), net::hostName());
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(str("join/", r));
-  try {
-    store->wait(keys, remaining(deadline));
-  } catch (const TimeoutError&) {
-    std::string missing;
-    int count = 0;
-    for (int r = 0; r < size; ++r) {
-      if (store->check({keys[size_t(r)]})) continue;
-      missing += str(count++ ? ", " : "", r);
-    }
-    throw TimeoutError(str("tcp transport: rank", count > 1 ? "s " : " ", missing,
-                           " of a group of ", size, " did not join within ",
-                           options.timeout.count(), " ms (this is rank ", rank, ")"));
-  }
-  std::vector<std::string> hosts;
-  for (int r = 0; r < size; ++r)
-    hosts.push_back(store->getString(keys[size_t(r)], remaining(deadline)));
+  std::vector<std::string> hosts = joinGroup(*store, "join", net::hostName(), rank, size, deadline,
+                                             options.timeout, "tcp transport");
   transport->setHosts(std::move(hosts));
   if (size > 1) transport->connectPeers(deadline);
   return transport;

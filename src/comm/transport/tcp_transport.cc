@@ -63,9 +63,6 @@ TcpRequest::~TcpRequest() {
 
 std::unique_ptr<Request> TcpTransport::isend(int peer, uint64_t tag, const void* data,
                                              size_t bytes) {
-  HETRA_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "tcp: peer ", peer,
-                " is not another rank of this group of ", size_, " (this is rank ", rank_, ")");
-  HETRA_ENFORCE(data != nullptr || bytes == 0, "tcp: null buffer for ", bytes, " bytes");
   auto request = std::make_unique<TcpRequest>(
       *this, true, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -88,9 +85,6 @@ std::unique_ptr<Request> TcpTransport::isend(int peer, uint64_t tag, const void*
 }
 
 std::unique_ptr<Request> TcpTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
-  HETRA_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "tcp: peer ", peer,
-                " is not another rank of this group of ", size_, " (this is rank ", rank_, ")");
-  HETRA_ENFORCE(data != nullptr || bytes == 0, "tcp: null buffer for ", bytes, " bytes");
   auto request =
       std::make_unique<TcpRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
   std::lock_guard<std::mutex> lock(mutex_);

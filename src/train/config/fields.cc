@@ -77,10 +77,9 @@ Field<DeviceConfig> scheduleField() {
             d.slowdownSchedule = std::move(changes);
           },
           [](const DeviceConfig& d) {
-            std::vector<std::string> parts;
-            for (const auto& c : d.slowdownSchedule)
-              parts.push_back(str("[", c.step, ", ", formatDouble(c.factor), "]"));
-            return "[" + join(parts, ", ") + "]";
+            return formatList(d.slowdownSchedule, [](const SlowdownChange& c) {
+              return str("[", c.step, ", ", formatDouble(c.factor), "]");
+            });
           }};
 }
 

@@ -158,23 +158,33 @@ Field<S> choiceField(std::string key, std::string S::*m, std::vector<std::string
           [m](const S& s) { return quote(s.*m); }};
 }
 
+// The elements of a TOML list, each read by `readOne` at its own site ("key[i]").
+template <class T, class ReadOne>
+std::vector<T> readList(const Site& site, const toml::array& list, ReadOne readOne) {
+  std::vector<T> values;
+  for (size_t i = 0; i < list.size(); ++i) values.push_back(readOne(site.element(i, *list.get(i))));
+  return values;
+}
+
+// "[a, b]": each element as `formatOne` writes it.
+template <class T, class FormatOne>
+std::string formatList(const std::vector<T>& values, FormatOne formatOne) {
+  std::vector<std::string> parts;
+  for (const T& v : values) parts.push_back(formatOne(v));
+  return "[" + join(parts, ", ") + "]";
+}
+
 template <class S>
 Field<S> intListField(std::string key, std::vector<int64_t> S::*m, Bound bound, std::string help) {
-  return {std::move(key), std::move(help), false,
-          [m, bound](S& s, const Site& site) {
-            auto* a = site.node.as_array();
-            if (!a)
-              site.fail(str("expected a list of integers ", bound.describe(), ", e.g. [256, 128]"));
-            std::vector<int64_t> values;
-            for (size_t i = 0; i < a->size(); ++i)
-              values.push_back(readInt(site.element(i, *a->get(i)), bound));
-            s.*m = std::move(values);
-          },
-          [m](const S& s) {
-            std::vector<std::string> parts;
-            for (int64_t v : s.*m) parts.push_back(std::to_string(v));
-            return "[" + join(parts, ", ") + "]";
-          }};
+  return {
+      std::move(key), std::move(help), false,
+      [m, bound](S& s, const Site& site) {
+        auto* a = site.node.as_array();
+        if (!a)
+          site.fail(str("expected a list of integers ", bound.describe(), ", e.g. [256, 128]"));
+        s.*m = readList<int64_t>(site, *a, [&](const Site& e) { return readInt(e, bound); });
+      },
+      [m](const S& s) { return formatList(s.*m, [](int64_t v) { return std::to_string(v); }); }};
 }
 
 template <class S>
@@ -184,19 +194,15 @@ Field<S> stringListField(std::string key, std::vector<std::string> S::*m, std::s
             auto* a = site.node.as_array();
             if (!a)
               site.fail("expected a list of strings, e.g. [\"--mca\", \"btl\", \"tcp,self\"]");
-            std::vector<std::string> values;
-            for (size_t i = 0; i < a->size(); ++i) {
-              auto* v = a->get(i)->as_string();
-              if (!v) site.element(i, *a->get(i)).fail("expected a string");
-              values.push_back(v->get());
-            }
-            s.*m = std::move(values);
+            s.*m = readList<std::string>(site, *a, [](const Site& e) {
+              auto* v = e.node.as_string();
+              if (!v) e.fail("expected a string");
+              return v->get();
+            });
           },
           [m](const S& s) {
             if ((s.*m).empty()) return std::string();
-            std::vector<std::string> parts;
-            for (const auto& v : s.*m) parts.push_back(quote(v));
-            return "[" + join(parts, ", ") + "]";
+            return formatList(s.*m, [](const std::string& v) { return quote(v); });
           }};
 }
 
@@ -208,16 +214,9 @@ Field<S> numListField(std::string key, std::vector<double> S::*m, Bound bound, s
             auto* a = site.node.as_array();
             if (!a || a->size() != size)
               site.fail(str("expected a list of ", size, " numbers ", bound.describe()));
-            std::vector<double> values;
-            for (size_t i = 0; i < a->size(); ++i)
-              values.push_back(readNumber(site.element(i, *a->get(i)), bound));
-            s.*m = std::move(values);
+            s.*m = readList<double>(site, *a, [&](const Site& e) { return readNumber(e, bound); });
           },
-          [m](const S& s) {
-            std::vector<std::string> parts;
-            for (double v : s.*m) parts.push_back(formatDouble(v));
-            return "[" + join(parts, ", ") + "]";
-          }};
+          [m](const S& s) { return formatList(s.*m, [](double v) { return formatDouble(v); }); }};
 }
 
 // A string key whose empty default means "not set" (not printed, so the printed config reads
