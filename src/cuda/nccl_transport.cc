@@ -14,12 +14,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "comm/bootstrap.h"
 #include "comm/transport/abort_record.h"
+#include "comm/transport/group_join.h"
 #include "comm/transport/registry.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -42,37 +44,20 @@ std::string ncclText(ncclResult_t result, ncclComm_t comm) {
   return text;
 }
 
+// NCCL's names for hetra's element types and reduce ops, indexed by the enum (declaration order).
+constexpr ncclDataType_t kNcclTypes[] = {ncclFloat32, ncclFloat64, ncclFloat16, ncclBfloat16,
+                                         ncclInt32,   ncclInt64,   ncclUint8};
+static_assert(std::size(kNcclTypes) == size_t(DType::U8) + 1);
+constexpr ncclRedOp_t kNcclOps[] = {ncclSum, ncclAvg, ncclMin, ncclMax};
+static_assert(std::size(kNcclOps) == size_t(comm::ReduceOp::Max) + 1);
+
 ncclDataType_t ncclType(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return ncclFloat32;
-    case DType::F64:
-      return ncclFloat64;
-    case DType::F16:
-      return ncclFloat16;
-    case DType::BF16:
-      return ncclBfloat16;
-    case DType::I32:
-      return ncclInt32;
-    case DType::I64:
-      return ncclInt64;
-    case DType::U8:
-      return ncclUint8;
-  }
+  if (size_t(dtype) < std::size(kNcclTypes)) return kNcclTypes[size_t(dtype)];
   throw EnforceError(str("nccl transport: unknown dtype ", int(dtype)));
 }
 
 ncclRedOp_t ncclOp(comm::ReduceOp op) {
-  switch (op) {
-    case comm::ReduceOp::Sum:
-      return ncclSum;
-    case comm::ReduceOp::Avg:
-      return ncclAvg;
-    case comm::ReduceOp::Min:
-      return ncclMin;
-    case comm::ReduceOp::Max:
-      return ncclMax;
-  }
+  if (size_t(op) < std::size(kNcclOps)) return kNcclOps[size_t(op)];
   throw EnforceError(str("nccl transport: unknown reduce op ", int(op)));
 }
 
@@ -415,9 +400,7 @@ int cudaDeviceCount() {
 
 std::unique_ptr<NcclTransport> createNcclTransport(std::shared_ptr<store::Store> store, int rank,
                                                    int size, const NcclOptions& options) {
-  HETRA_ENFORCE(store != nullptr, "nccl transport: no store");
-  HETRA_ENFORCE(size >= 1 && rank >= 0 && rank < size, "nccl transport: rank ", rank,
-                " is outside a group of ", size);
+  comm::enforceGroupMember("nccl transport", store.get(), rank, size);
   const Deadline deadline = deadlineAfter(options.timeout);
   int device = options.device;
   if (device >= 0)
