@@ -117,6 +117,22 @@ TEST_P(CommunicatorTest, SendAndReceiveBetweenPairs) {
   });
 }
 
+// User tags are 64-bit, as the transport's, up to the algorithms' range at 2^63.
+TEST_P(CommunicatorTest, SendAndReceiveTakeWideTagsAndRefuseTheAlgorithmsRange) {
+  auto store = std::make_shared<store::MemoryStore>();
+  runRanks(2, [&](int rank) {
+    auto comm = Communicator::create(store, rank, 2, optionsFor(GetParam()));
+    const uint64_t wide = (uint64_t(1) << 40) + 3;
+    int32_t value = rank == 0 ? 41 : 0;
+    if (rank == 0)
+      comm->send(&value, 1, DType::I32, 1, wide)->wait();
+    else
+      comm->recv(&value, 1, DType::I32, 0, wide)->wait();
+    EXPECT_EQ(value, 41);
+    EXPECT_THROW(comm->send(&value, 1, DType::I32, 1 - rank, uint64_t(1) << 63), ConfigError);
+  });
+}
+
 TEST_P(CommunicatorTest, MismatchFailsEveryRankAndIsLatched) {
   auto store = std::make_shared<store::MemoryStore>();
   constexpr int kSize = 3;

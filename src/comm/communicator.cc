@@ -128,12 +128,7 @@ class CommunicatorImpl : public Communicator,
 
   WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                     const OpPolicy& policy) override {
-    AllreduceArgs args;
-    args.in = in;
-    args.out = out;
-    args.count = count;
-    args.dtype = dtype;
-    args.op = reducedAs(op);
+    AllreduceArgs args{.in = in, .out = out, .count = count, .dtype = dtype, .op = reducedAs(op)};
     return enqueue(
         OpKind::Allreduce, dtype, args.op, count * dtypeSize(dtype), policy,
         [=] { return str("allreduce of ", count, " ", dtypeName(dtype)); },
@@ -148,12 +143,8 @@ class CommunicatorImpl : public Communicator,
   WorkPtr reduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                         ReduceOp op, const OpPolicy& policy) override {
     checkCounts(counts, "reduceScatter");
-    ReduceScatterArgs args;
-    args.in = in;
-    args.out = out;
-    args.counts = counts;
-    args.dtype = dtype;
-    args.op = reducedAs(op);
+    ReduceScatterArgs args{
+        .in = in, .out = out, .counts = counts, .dtype = dtype, .op = reducedAs(op)};
     return enqueue(
         OpKind::ReduceScatter, dtype, args.op, totalCount(counts) * dtypeSize(dtype), policy,
         [total = totalCount(counts), dtype] {
@@ -169,11 +160,7 @@ class CommunicatorImpl : public Communicator,
   WorkPtr allgather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                     const OpPolicy& policy) override {
     checkCounts(counts, "allgather");
-    AllgatherArgs args;
-    args.in = in;
-    args.out = out;
-    args.counts = counts;
-    args.dtype = dtype;
+    AllgatherArgs args{.in = in, .out = out, .counts = counts, .dtype = dtype};
     return enqueue(
         OpKind::Allgather, dtype, ReduceOp::Sum, totalCount(counts) * dtypeSize(dtype), policy,
         [total = totalCount(counts), dtype] {
@@ -188,11 +175,7 @@ class CommunicatorImpl : public Communicator,
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
     HETRA_ENFORCE(root >= 0 && root < size_, "broadcast root ", root, " is outside a group of ",
                   size_);
-    BroadcastArgs args;
-    args.buf = buf;
-    args.count = count;
-    args.dtype = dtype;
-    args.root = root;
+    BroadcastArgs args{.buf = buf, .count = count, .dtype = dtype, .root = root};
     return enqueue(
         OpKind::Broadcast, dtype, ReduceOp::Sum, count * dtypeSize(dtype), {},
         [=] { return str("broadcast of ", count, " ", dtypeName(dtype)); },
@@ -212,16 +195,16 @@ class CommunicatorImpl : public Communicator,
         });
   }
 
-  WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint32_t tag) override {
-    checkPeer(dst, "send");
+  WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint64_t tag) override {
+    checkPointToPoint(dst, tag, "send");
     const size_t bytes = count * dtypeSize(dtype);
     return queue_->enqueue(
         [=] { return str("send of ", bytes, " bytes to rank ", dst); },
         [=, this](Deadline d) { transport_->isend(dst, kUserTagBase | tag, buf, bytes)->wait(d); });
   }
 
-  WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint32_t tag) override {
-    checkPeer(src, "recv");
+  WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint64_t tag) override {
+    checkPointToPoint(src, tag, "recv");
     const size_t bytes = count * dtypeSize(dtype);
     return queue_->enqueue(
         [=] { return str("recv of ", bytes, " bytes from rank ", src); },
@@ -399,9 +382,11 @@ class CommunicatorImpl : public Communicator,
           str(op, ": counts has ", counts.size(), " entries; the group has ", size_, " ranks"));
   }
 
-  void checkPeer(int peer, const char* op) const {
+  void checkPointToPoint(int peer, uint64_t tag, const char* op) const {
     if (peer < 0 || peer >= size_ || peer == rank_)
       throw ConfigError(str(op, ": peer ", peer, " is not another rank of this group of ", size_));
+    if (tag >= kUserTagBase)
+      throw ConfigError(str(op, ": tag ", tag, " is too large; user tags are below 2^63"));
   }
 
   std::shared_ptr<store::Store> store_;

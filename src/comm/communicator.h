@@ -91,8 +91,9 @@ class Communicator {
   // Point-to-point messages run in the group's order like collectives, and a send may complete only
   // once the peer has posted the matching receive (MPI_Ssend semantics): two ranks that both send
   // before they receive wait on each other. Order the exchange (lower rank sends first).
-  virtual WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint32_t tag = 0) = 0;
-  virtual WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint32_t tag = 0) = 0;
+  // Tags are 64-bit like the transport's, below 2^63 (the tags above are the algorithms').
+  virtual WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint64_t tag = 0) = 0;
+  virtual WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint64_t tag = 0) = 0;
 
   // The codec an allreduce of `count` elements with this dtype, op and policy puts on the wire when
   // its provider keeps error feedback (policy.residual is used), or nullptr when it does not
