@@ -404,7 +404,7 @@ TEST(MpiFaults, TimeoutThenPeersWake) {
       recv->wait(deadlineAfter(Millis(15000)));
       FAIL() << "the receive completed";
     } catch (const PeerAbortedError& e) {
-      EXPECT_LT(secondsSince(start), 5.0);
+      EXPECT_LT(secondsSince(start), 12.0);
       EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
     }
   }
@@ -428,7 +428,7 @@ TEST(MpiFaults, AbortWakesEveryPeerWithTheCulprit) {
   } catch (const PeerAbortedError& e) {
     EXPECT_EQ(e.rank(), n - 1);
     EXPECT_NE(std::string(e.what()).find("stopped by the test"), std::string::npos) << e.what();
-    EXPECT_LT(secondsSince(start), 5.0);
+    EXPECT_LT(secondsSince(start), 12.0);
   }
 }
 
@@ -448,7 +448,7 @@ TEST(MpiFaults, ClosedPeer) {
   } catch (const PeerAbortedError& e) {
     EXPECT_EQ(e.rank(), 0);
     EXPECT_NE(std::string(e.what()).find("closed its transport"), std::string::npos) << e.what();
-    EXPECT_LT(secondsSince(start), 5.0);
+    EXPECT_LT(secondsSince(start), 12.0);
   }
 }
 
