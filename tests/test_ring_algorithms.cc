@@ -119,7 +119,10 @@ std::string caseName(const char* op, int n, size_t count, DType t) {
   return str(op, " n=", n, " count=", count, " ", dtypeName(t));
 }
 
-void checkAllreduce(int n, size_t count, DType t, ReduceOp op, bool inPlace) {
+using AllreduceFn = void (*)(Transport&, const AllreduceArgs&);
+
+void checkAllreduce(int n, size_t count, DType t, ReduceOp op, bool inPlace,
+                    AllreduceFn allreduce = allreduceRing) {
   const size_t es = dtypeSize(t);
   onGroup(n, [&](int r, Transport& transport, uint64_t seq) {
     std::vector<uint8_t> in(count * es + 1), out(count * es + 1, 0xee);
@@ -132,7 +135,7 @@ void checkAllreduce(int n, size_t count, DType t, ReduceOp op, bool inPlace) {
     args.op = op;
     args.seq = seq;
     args.deadline = soon();
-    allreduceRing(transport, args);
+    allreduce(transport, args);
     const void* result = args.out;
     EXPECT_ELEMENTS(
         count, [&](size_t i) { return loadElement(t, result, i); },
@@ -220,20 +223,17 @@ class RingWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(RingWorld, AllreduceEveryDtypeCountAndOp) {
   const int n = GetParam();
-  // Default thresholds (small counts take the direct exchange), then the ring for every count.
-  for (const char* small : {"65536", "0"}) {
-    setenv("HETRA_RING_SMALL_BYTES", small, 1);
+  // The ring and the direct exchange, for every count.
+  for (AllreduceFn allreduce : {allreduceRing, allreduceDirect})
     for (DType t : kAllDTypes)
       for (size_t count : kCounts)
         for (ReduceOp op : kOps) {
           if (op != ReduceOp::Sum && count != 7 && count != 5003) continue;
-          checkAllreduce(n, count, t, op, /*inPlace=*/(count + int(op)) % 2 == 0);
+          checkAllreduce(n, count, t, op, /*inPlace=*/(count + int(op)) % 2 == 0, allreduce);
         }
-  }
-  unsetenv("HETRA_RING_SMALL_BYTES");
-  // Above the direct threshold with the default setting, in place and not.
+  // Larger buffers, in place and not.
   checkAllreduce(n, 20000, DType::F32, ReduceOp::Sum, true);
-  checkAllreduce(n, 20001, DType::F64, ReduceOp::Max, false);
+  checkAllreduce(n, 20001, DType::F64, ReduceOp::Max, false, allreduceDirect);
 }
 
 TEST_P(RingWorld, AvgIsReducedAsSum) {

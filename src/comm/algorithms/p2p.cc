@@ -26,12 +26,16 @@ std::vector<size_t> evenSplit(size_t count, int n) {
   return counts;
 }
 
+// Read once, the first time a pipelined collective runs: not per collective.
 size_t segmentBytes() {
-  const int64_t value = kSegmentBytes.integer();
-  if (value < 64)
-    throw ConfigError(
-        str(kSegmentBytes.env(), "=", value, " is not allowed; use at least 64 (bytes)"));
-  return size_t(value);
+  static const size_t bytes = [] {
+    const int64_t value = kSegmentBytes.integer();
+    if (value < 64)
+      throw ConfigError(
+          str(kSegmentBytes.env(), "=", value, " is not allowed; use at least 64 (bytes)"));
+    return size_t(value);
+  }();
+  return bytes;
 }
 
 Scratch::Scratch(size_t bytes) {

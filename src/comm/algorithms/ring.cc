@@ -32,12 +32,6 @@
 namespace hetra::comm {
 namespace {
 
-const Param kSmallBytes(
-    "HETRA_RING_SMALL_BYTES", "65536",
-    "Allreduce of at most this many bytes (and at most 16 ranks) exchanges whole "
-    "buffers directly in one round instead of going around the ring.");
-constexpr int kMaxDirectRanks = 16;
-
 // Element ranges of n blocks, each cut into K segments.
 struct Layout {
   std::vector<size_t> offset;  // first element of each block
@@ -85,9 +79,9 @@ ReduceOp reduceAs(ReduceOp op) {
   return op == ReduceOp::Avg ? ReduceOp::Sum : op;
 }
 
-// Small allreduce: every rank sends its whole buffer to every other rank and reduces all n
-// contributions in rank order (so every rank computes the same bits), in one round.
-void allreduceDirect(Transport& transport, const AllreduceArgs& a) {
+// Every rank sends its whole buffer to every other rank and reduces all n contributions in rank
+// order (so every rank computes the same bits), in one round.
+void exchangeAndReduce(Transport& transport, const AllreduceArgs& a) {
   const int n = transport.size(), r = transport.rank();
   const size_t bytes = a.count * dtypeSize(a.dtype);
   const uint64_t tag = opTag(a.seq, kDirectPhase);
@@ -185,21 +179,34 @@ void allreduceRingLarge(Transport& transport, const AllreduceArgs& a) {
 
 }  // namespace
 
-void allreduceRing(Transport& transport, const AllreduceArgs& args) {
+namespace {
+
+// The two allreduces share their checks and header exchange; `direct` exchanges headers with
+// every peer, as its data goes to every peer.
+void allreduceOverTransport(Transport& transport, const AllreduceArgs& args, bool direct) {
   const int n = transport.size();
   const size_t bytes = args.count * dtypeSize(args.dtype);
   HETRA_ENFORCE(args.count == 0 || (args.in && args.out), "allreduce: null buffer for ", args.count,
                 " elements");
-  const bool direct = n > 1 && n <= kMaxDirectRanks && bytes <= size_t(kSmallBytes.integer());
-  exchangeHeaders(transport, OpHeader::of(args), args.deadline, direct);
+  exchangeHeaders(transport, OpHeader::of(args), args.deadline, direct && n > 1);
   if (n == 1 || args.count == 0) {
     if (args.count && args.in != args.out) std::memcpy(args.out, args.in, bytes);
     return;
   }
   if (direct)
-    allreduceDirect(transport, args);
+    exchangeAndReduce(transport, args);
   else
     allreduceRingLarge(transport, args);
+}
+
+}  // namespace
+
+void allreduceRing(Transport& transport, const AllreduceArgs& args) {
+  allreduceOverTransport(transport, args, false);
+}
+
+void allreduceDirect(Transport& transport, const AllreduceArgs& args) {
+  allreduceOverTransport(transport, args, true);
 }
 
 // Reduce-scatter with uneven blocks. `out` holds only block r, so partial sums travel through a

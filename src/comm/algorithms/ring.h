@@ -8,6 +8,10 @@
 namespace hetra::comm {
 
 void allreduceRing(Transport& transport, const AllreduceArgs& args);
+// Every rank sends its whole buffer to every other rank in one round and reduces the n buffers
+// itself (in rank order, so every rank computes the same bits): few latencies, n-1 buffers of
+// traffic per rank, for small messages.
+void allreduceDirect(Transport& transport, const AllreduceArgs& args);
 void reduceScatterRing(Transport& transport, const ReduceScatterArgs& args);
 void allgatherRing(Transport& transport, const AllgatherArgs& args);
 void broadcastPipelined(Transport& transport, const BroadcastArgs& args);

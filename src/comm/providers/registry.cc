@@ -12,7 +12,7 @@ namespace hetra::comm {
 // The built-in providers, in table order: a provider file defines make<Name>Provider() and adds
 // its name here.
 #define HETRA_BUILTIN_PROVIDERS(X) \
-  X(Ring) X(Shared) X(Compressed) X(Hierarchical) X(SmallShared) X(RecursiveDoubling)
+  X(Ring) X(Shared) X(Compressed) X(Hierarchical) X(SmallShared) X(RecursiveDoubling) X(Direct)
 
 #define HETRA_DECLARE_PROVIDER(Name) std::shared_ptr<Provider> make##Name##Provider();
 HETRA_BUILTIN_PROVIDERS(HETRA_DECLARE_PROVIDER)
