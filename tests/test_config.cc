@@ -19,8 +19,9 @@
 namespace hetra::train {
 namespace {
 
-const std::filesystem::path kExamples =
-    std::filesystem::path(__FILE__).parent_path().parent_path() / "examples";
+// The source tree's examples (tests/CMakeLists.txt defines HETRA_SOURCE_DIR): __FILE__ may be
+// relative to the build directory, and ctest runs tests elsewhere.
+const std::filesystem::path kExamples = std::filesystem::path(HETRA_SOURCE_DIR) / "examples";
 
 // A CPU-only build on a machine with plenty of cores, so tests do not depend on where they run.
 Capabilities cpuOnly() {
