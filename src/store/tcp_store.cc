@@ -89,7 +89,10 @@ Bytes TcpStore::request(Op op, const Bytes& fields, std::optional<Deadline> wait
   // A socket closed after a client-side timeout (stream out of step) is reopened here.
   if (fd_ < 0) connectUntil(deadlineAfter(timeout_));
 
-  const Deadline deadline = waits ? *waitDeadline + kReplyGrace : deadlineAfter(timeout_);
+  // min: a deadline of Deadline::max() (wait for ever) must not overflow.
+  const Deadline deadline =
+      waits ? std::min(*waitDeadline, Deadline::max() - kReplyGrace) + kReplyGrace
+            : deadlineAfter(timeout_);
   auto timedOut = [&]() -> TimeoutError {
     closeSocket();
     if (waits)
