@@ -94,7 +94,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       noAuth.secret = auth::JobSecret();
       store::TcpStore client("127.0.0.1", server().port(), Millis(5000), noAuth);
       client.set("fuzz-alive", {1, 2, 3});
-      if (client.get("fuzz-alive", Millis(5000)) != store::Bytes{1, 2, 3})
+      if (client.get("fuzz-alive", deadlineAfter(Millis(5000))) != store::Bytes{1, 2, 3})
         fuzz::fail("the store server answers wrongly after fuzzed input");
     } catch (const Error& e) {
       fuzz::fail(std::string("the store server stopped serving: ") + e.what());

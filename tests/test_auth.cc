@@ -281,7 +281,7 @@ TEST(StoreAuth, RightSecretServesWrongSecretAndStrangersAreRefused) {
     AuthOptions none;
     none.secret = JobSecret();
     store::TcpStore plain("127.0.0.1", server.port(), Millis(3000), none);
-    EXPECT_THROW(plain.getString("k", Millis(500)), IoError);
+    EXPECT_THROW(plain.getString("k", deadlineAfter(Millis(500))), IoError);
   }
   const int garbage = connectRaw(server.port());
   sendGarbage(garbage);
@@ -293,7 +293,7 @@ TEST(StoreAuth, RightSecretServesWrongSecretAndStrangersAreRefused) {
   const int silent = connectRaw(server.port());
   store::TcpStore other("127.0.0.1", server.port(), Millis(5000), withSecret(secret));
   for (int i = 0; i < 50; ++i) other.setString(str("key", i), str(i));
-  EXPECT_EQ(good.getString("key49", Millis(1000)), "49");
+  EXPECT_EQ(good.getString("key49", deadlineAfter(Millis(1000))), "49");
   EXPECT_TRUE(stillOpen(silent)) << "the silent stranger was dropped before the others were served";
   EXPECT_TRUE(closedByPeer(silent, Millis(10000)));
   ::close(silent);
@@ -305,7 +305,7 @@ TEST(StoreAuth, RightSecretServesWrongSecretAndStrangersAreRefused) {
   EXPECT_NE(log.find("refused: "), std::string::npos) << log;
   EXPECT_NE(log.find("127.0.0.1:"), std::string::npos) << log;  // names the peer
   // The job's own clients were not disturbed.
-  EXPECT_EQ(good.getString("k", Millis(1000)), "v");
+  EXPECT_EQ(good.getString("k", deadlineAfter(Millis(1000))), "v");
 }
 
 TEST(StoreAuth, ConnectStoreUsesTheEnvironmentsSecret) {
@@ -317,7 +317,7 @@ TEST(StoreAuth, ConnectStoreUsesTheEnvironmentsSecret) {
   auto rank1 =
       std::make_shared<store::TcpStore>("127.0.0.1", server->port(), Millis(5000));  // env secret
   rank1->setString("x", "1");
-  EXPECT_EQ(rank0->getString("x", Millis(1000)), "1");
+  EXPECT_EQ(rank0->getString("x", deadlineAfter(Millis(1000))), "1");
   EXPECT_THROW(store::TcpStore("127.0.0.1", server->port(), Millis(3000), withSecret(newSecret())),
                AuthError);
 }
@@ -343,7 +343,8 @@ TEST(TransportAuth, StrangersAreRefusedWhileTheJobRuns) {
         std::make_shared<store::PrefixStore>("job/tcp", client), r, kSize, options);
   });
   store::TcpStore observer("127.0.0.1", server.port(), Millis(5000), withSecret(secret));
-  const int transportPort = portOf(observer.getString("job/tcp/addr/1", Millis(1000)));
+  const int transportPort =
+      portOf(observer.getString("job/tcp/addr/1", deadlineAfter(Millis(1000))));
 
   testing::internal::CaptureStderr();
   std::atomic<bool> strangersDone{false};

@@ -35,7 +35,7 @@ TEST(Bootstrap, EveryRankGetsRankZerosId) {
             ++made;
             return fakeId(uint8_t(size), 128);
           },
-          Millis(5000), 128);
+          deadlineAfter(Millis(5000)), 128);
     });
     EXPECT_EQ(made.load(), 1) << "only rank 0 makes the id";
     for (int r = 0; r < size; ++r) EXPECT_EQ(got[size_t(r)], fakeId(uint8_t(size), 128)) << r;
@@ -52,7 +52,8 @@ TEST(Bootstrap, TwoGroupsOnOneStoreStayApart) {
     const int group = r % 2;  // two groups of three, interleaved
     store::PrefixStore prefixed("g" + std::to_string(group), store);
     got[size_t(r)] = exchangeRootId(
-        prefixed, "id", r / 2, [&] { return fakeId(uint8_t(100 + group), 16); }, Millis(5000));
+        prefixed, "id", r / 2, [&] { return fakeId(uint8_t(100 + group), 16); },
+        deadlineAfter(Millis(5000)));
   });
   for (int r = 0; r < 6; ++r) EXPECT_EQ(got[size_t(r)], fakeId(uint8_t(100 + r % 2), 16)) << r;
 }
@@ -62,7 +63,7 @@ TEST(Bootstrap, RankZeroNeverPublishingTimesOutClearly) {
   const auto start = Clock::now();
   try {
     exchangeRootId(
-        store, "nccl-id", 2, [] { return store::Bytes(); }, Millis(300), 128);
+        store, "nccl-id", 2, [] { return store::Bytes(); }, deadlineAfter(Millis(300)), 128);
     FAIL() << "expected a TimeoutError";
   } catch (const TimeoutError& e) {
     const std::string what = e.what();
@@ -77,11 +78,11 @@ TEST(Bootstrap, RankZeroNeverPublishingTimesOutClearly) {
 TEST(Bootstrap, WrongSizedIdsAreRefused) {
   store::MemoryStore store;
   EXPECT_THROW(exchangeRootId(
-                   store, "a", 0, [] { return fakeId(1, 5); }, Millis(100), 128),
+                   store, "a", 0, [] { return fakeId(1, 5); }, deadlineAfter(Millis(100)), 128),
                IoError);
   store.set("b", fakeId(1, 5));  // e.g. written by a different library version
   EXPECT_THROW(exchangeRootId(
-                   store, "b", 1, [] { return store::Bytes(); }, Millis(1000), 128),
+                   store, "b", 1, [] { return store::Bytes(); }, deadlineAfter(Millis(1000)), 128),
                IoError);
 }
 

@@ -101,20 +101,20 @@ TYPED_TEST(StoreTest, SetGetOverwriteAndBinaryValues) {
   store->set("a/b", bytesOf("slash"));
   store->set("a_b", bytesOf("underscore"));
   store->set("a%2Fb", bytesOf("percent"));
-  EXPECT_EQ(store->get("bin", 1s), binary);
-  EXPECT_EQ(store->get("empty", 1s), Bytes{});
-  EXPECT_EQ(store->getString("a/b", 1s), "slash");
-  EXPECT_EQ(store->getString("a_b", 1s), "underscore");
-  EXPECT_EQ(store->getString("a%2Fb", 1s), "percent");
+  EXPECT_EQ(store->get("bin", deadlineAfter(1s)), binary);
+  EXPECT_EQ(store->get("empty", deadlineAfter(1s)), Bytes{});
+  EXPECT_EQ(store->getString("a/b", deadlineAfter(1s)), "slash");
+  EXPECT_EQ(store->getString("a_b", deadlineAfter(1s)), "underscore");
+  EXPECT_EQ(store->getString("a%2Fb", deadlineAfter(1s)), "percent");
   store->setString("a/b", "again");
-  EXPECT_EQ(store->getString("a/b", 1s), "again");
+  EXPECT_EQ(store->getString("a/b", deadlineAfter(1s)), "again");
   // Another client sees the same keys.
-  EXPECT_EQ(this->backend.client()->get("bin", 1s), binary);
+  EXPECT_EQ(this->backend.client()->get("bin", deadlineAfter(1s)), binary);
   // Large value (above one socket buffer).
   Bytes large(3'000'001);
   for (size_t i = 0; i < large.size(); ++i) large[i] = uint8_t(i * 7 + i / 251);
   store->set("large", large);
-  EXPECT_EQ(this->backend.client()->get("large", 5s), large);
+  EXPECT_EQ(this->backend.client()->get("large", deadlineAfter(5s)), large);
 }
 
 TYPED_TEST(StoreTest, GetWaitsForALaterSetFromAnotherThread) {
@@ -125,7 +125,7 @@ TYPED_TEST(StoreTest, GetWaitsForALaterSetFromAnotherThread) {
     std::this_thread::sleep_for(150ms);
     writer->setString("late", "value");
   });
-  EXPECT_EQ(reader->getString("late", 5s), "value");
+  EXPECT_EQ(reader->getString("late", deadlineAfter(5s)), "value");
   EXPECT_GE(secondsSince(start), 0.14);
   late.join();
 
@@ -135,7 +135,7 @@ TYPED_TEST(StoreTest, GetWaitsForALaterSetFromAnotherThread) {
     std::this_thread::sleep_for(50ms);
     writer->setString("w2", "2");
   });
-  reader->wait({"w1", "w2"}, 5s);
+  reader->wait({"w1", "w2"}, deadlineAfter(5s));
   EXPECT_TRUE(reader->check({"w1", "w2"}));
   later.join();
 }
@@ -154,7 +154,7 @@ TYPED_TEST(StoreTest, ConcurrentAddsGiveAnExactTotal) {
   int64_t expected = 0;
   for (int rank = 0; rank < kThreads; ++rank) expected += int64_t(rank + 1) * kAddsPerThread;
   EXPECT_EQ(shared->add("counter", 0), expected);
-  EXPECT_EQ(shared->getString("counter", 1s), std::to_string(expected));
+  EXPECT_EQ(shared->getString("counter", deadlineAfter(1s)), std::to_string(expected));
   // Every add saw a distinct running total: none was lost or applied twice.
   std::set<int64_t> seen;
   for (const auto& r : results) seen.insert(r.begin(), r.end());
@@ -162,7 +162,7 @@ TYPED_TEST(StoreTest, ConcurrentAddsGiveAnExactTotal) {
   EXPECT_EQ(shared->add("negative", -5), -5);
   shared->setString("text", "abc");
   EXPECT_THROW(shared->add("text", 1), Error);
-  EXPECT_EQ(shared->getString("text", 1s), "abc");
+  EXPECT_EQ(shared->getString("text", deadlineAfter(1s)), "abc");
 }
 
 TYPED_TEST(StoreTest, CompareSetSemantics) {
@@ -174,7 +174,7 @@ TYPED_TEST(StoreTest, CompareSetSemantics) {
   EXPECT_EQ(store->compareSet("cas", {}, bytesOf("second")), bytesOf("first"));
   EXPECT_EQ(store->compareSet("cas", bytesOf("wrong"), bytesOf("second")), bytesOf("first"));
   EXPECT_EQ(store->compareSet("cas", bytesOf("first"), bytesOf("second")), bytesOf("second"));
-  EXPECT_EQ(store->getString("cas", 1s), "second");
+  EXPECT_EQ(store->getString("cas", deadlineAfter(1s)), "second");
 
   // Exactly one of many racing threads wins the election.
   std::atomic<int> winners{0};
@@ -193,9 +193,9 @@ TYPED_TEST(StoreTest, WaitAndGetTimeOutWithinTheirTimeout) {
     const auto start = Clock::now();
     try {
       if (which == 0)
-        store->wait({"present", "missing-key-x"}, 200ms);
+        store->wait({"present", "missing-key-x"}, deadlineAfter(200ms));
       else
-        store->get("missing-key-y", 200ms);
+        store->get("missing-key-y", deadlineAfter(200ms));
       ADD_FAILURE() << "no timeout";
     } catch (const TimeoutError& e) {
       const double elapsed = secondsSince(start);
@@ -208,8 +208,21 @@ TYPED_TEST(StoreTest, WaitAndGetTimeOutWithinTheirTimeout) {
   }
   // The store is still usable after a timeout.
   store->setString("after", "ok");
-  EXPECT_EQ(store->getString("after", 1s), "ok");
-  EXPECT_THROW(store->wait({"missing"}, 0ms), TimeoutError);
+  EXPECT_EQ(store->getString("after", deadlineAfter(1s)), "ok");
+  EXPECT_THROW(store->wait({"missing"}, deadlineAfter(0ms)), TimeoutError);
+}
+
+// The point of a Deadline: calls made one after another under it share its budget, where each
+// given a timeout would wait the whole of it again (two gets here would take 3 s).
+TYPED_TEST(StoreTest, CallsUnderOneDeadlineShareItsBudget) {
+  auto store = this->backend.client();
+  const auto start = Clock::now();
+  const Deadline deadline = deadlineAfter(1500ms);
+  EXPECT_THROW(store->get("missing-first", deadline), TimeoutError);
+  EXPECT_GE(secondsSince(start), 1.45);  // the first get spent the whole budget
+  EXPECT_THROW(store->wait({"missing-second"}, deadline), TimeoutError);
+  EXPECT_THROW(store->getString("missing-third", deadline), TimeoutError);
+  EXPECT_LT(secondsSince(start), 2.6);  // well below the 4.5 s of three 1.5 s timeouts
 }
 
 TYPED_TEST(StoreTest, CheckAndDeleteKey) {
@@ -223,7 +236,7 @@ TYPED_TEST(StoreTest, CheckAndDeleteKey) {
   EXPECT_TRUE(store->deleteKey("k1"));
   EXPECT_FALSE(store->deleteKey("k1"));
   EXPECT_FALSE(store->check({"k1"}));
-  EXPECT_THROW(store->get("k1", 50ms), TimeoutError);
+  EXPECT_THROW(store->get("k1", deadlineAfter(50ms)), TimeoutError);
   EXPECT_EQ(store->add("k1", 3), 3);  // a deleted counter restarts from 0
 }
 
@@ -233,17 +246,17 @@ TYPED_TEST(StoreTest, PrefixStoresAreIsolated) {
   PrefixStore b("job/b", this->backend.client());
   a.setString("key", "from a");
   b.setString("key", "from b");
-  EXPECT_EQ(a.getString("key", 1s), "from a");
-  EXPECT_EQ(b.getString("key", 1s), "from b");
-  EXPECT_EQ(inner->getString("job/a/key", 1s), "from a");
+  EXPECT_EQ(a.getString("key", deadlineAfter(1s)), "from a");
+  EXPECT_EQ(b.getString("key", deadlineAfter(1s)), "from b");
+  EXPECT_EQ(inner->getString("job/a/key", deadlineAfter(1s)), "from a");
   EXPECT_EQ(a.add("n", 2), 2);
   EXPECT_EQ(b.add("n", 5), 5);
   EXPECT_FALSE(a.check({"only-b"}));
   b.setString("only-b", "x");
   EXPECT_FALSE(a.check({"only-b"}));
-  EXPECT_THROW(a.wait({"only-b"}, 50ms), TimeoutError);
+  EXPECT_THROW(a.wait({"only-b"}, deadlineAfter(50ms)), TimeoutError);
   EXPECT_TRUE(a.deleteKey("key"));
-  EXPECT_EQ(b.getString("key", 1s), "from b");
+  EXPECT_EQ(b.getString("key", deadlineAfter(1s)), "from b");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -271,7 +284,7 @@ TEST(FileStore, KeysWithAnyBytesMapToDistinctFileNames) {
   auto store = backend.client();
   for (size_t i = 0; i < keys.size(); ++i) store->setString(keys[i], std::to_string(i));
   for (size_t i = 0; i < keys.size(); ++i)
-    EXPECT_EQ(store->getString(keys[i], 1s), std::to_string(i));
+    EXPECT_EQ(store->getString(keys[i], deadlineAfter(1s)), std::to_string(i));
 }
 
 // flock must serialise separate processes, not only threads.
@@ -315,22 +328,24 @@ TEST(TcpStore, ManyClientsRendezvous) {
     store.add("arrived", 1);
     std::vector<std::string> keys;
     for (int r = 0; r < kRanks; ++r) keys.push_back("addr/" + std::to_string(r));
-    store.wait(keys, 5s);
+    store.wait(keys, deadlineAfter(5s));
     for (int r = 0; r < kRanks; ++r)
-      HETRA_ENFORCE_EQ(store.getString(keys[r], 1s), "rank-" + std::to_string(r * 13));
+      HETRA_ENFORCE_EQ(store.getString(keys[r], deadlineAfter(1s)),
+                       "rank-" + std::to_string(r * 13));
   });
   TcpStore store("127.0.0.1", server.port(), kClientTimeout);
   EXPECT_EQ(store.add("arrived", 0), kRanks);
   // A value over the frame limit is refused by the client, and the connection stays usable.
   EXPECT_THROW(store.set("huge", Bytes((64u << 20) + 1)), Error);
-  EXPECT_EQ(store.getString("addr/3", 1s), "rank-39");
+  EXPECT_EQ(store.getString("addr/3", deadlineAfter(1s)), "rank-39");
 }
 
 TEST(TcpStore, ParkedWaitersDoNotBlockOtherClients) {
   TcpStoreServer server("127.0.0.1", 0);
   TcpStore waiting("127.0.0.1", server.port(), kClientTimeout);
   TcpStore other("127.0.0.1", server.port(), kClientTimeout);
-  std::thread parked([&] { EXPECT_THROW(waiting.get("never", 600ms), TimeoutError); });
+  std::thread parked(
+      [&] { EXPECT_THROW(waiting.get("never", deadlineAfter(600ms)), TimeoutError); });
   std::this_thread::sleep_for(50ms);
   const auto start = Clock::now();
   for (int i = 0; i < 20; ++i) other.setString("k" + std::to_string(i), "v");
@@ -344,7 +359,7 @@ TEST(TcpStore, ServerDestroyedGivesIoErrorToBlockedAndLaterCalls) {
   TcpStore store("127.0.0.1", server->port(), kClientTimeout);
   store.setString("k", "v");
   const auto start = Clock::now();
-  std::thread blocked([&] { EXPECT_THROW(store.get("never", 20s), IoError); });
+  std::thread blocked([&] { EXPECT_THROW(store.get("never", deadlineAfter(20s)), IoError); });
   std::this_thread::sleep_for(100ms);
   server.reset();
   blocked.join();
@@ -376,13 +391,13 @@ TEST(TcpStore, KilledServerProcessGivesIoError) {
   {
     TcpStore store("127.0.0.1", port, kClientTimeout);
     store.setString("k", "v");
-    EXPECT_EQ(store.getString("k", 1s), "v");
+    EXPECT_EQ(store.getString("k", deadlineAfter(1s)), "v");
     std::thread killer([&] {
       std::this_thread::sleep_for(100ms);
       ::kill(pid, SIGKILL);
     });
     const auto start = Clock::now();
-    EXPECT_THROW(store.get("never", 20s), IoError);
+    EXPECT_THROW(store.get("never", deadlineAfter(20s)), IoError);
     EXPECT_LT(secondsSince(start), 3.0);
     killer.join();
   }
@@ -421,7 +436,7 @@ TEST(TcpStore, GarbageClientsAreRefusedAndOthersStillServed) {
   good.setString("before", "1");
   std::thread parked([&] {
     TcpStore waiter("127.0.0.1", server.port(), kClientTimeout);
-    EXPECT_EQ(waiter.getString("after", 5s), "2");
+    EXPECT_EQ(waiter.getString("after", deadlineAfter(5s)), "2");
   });
   constexpr uint32_t kMagic = 0x31535448;
   EXPECT_TRUE(serverCloses(server.port(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
@@ -432,7 +447,7 @@ TEST(TcpStore, GarbageClientsAreRefusedAndOthersStillServed) {
       server.port(), frameHeader(kMagic, 5) + std::string("\x01\xff\xff\x00\x00", 5)));  // short
   good.setString("after", "2");
   parked.join();
-  EXPECT_EQ(good.getString("before", 1s), "1");
+  EXPECT_EQ(good.getString("before", deadlineAfter(1s)), "1");
 }
 
 // A peer that accepts connections but never answers (a hung server) must not hang the client.
@@ -450,7 +465,8 @@ TEST(TcpStore, SilentServerCannotHangTheClient) {
   EXPECT_THROW(store.setString("k", "v"), TimeoutError);
   EXPECT_LT(secondsSince(start), 1.0);
   start = Clock::now();
-  EXPECT_THROW(store.get("k", 100ms), TimeoutError);  // the timeout plus the reply grace
+  EXPECT_THROW(store.get("k", deadlineAfter(100ms)),
+               TimeoutError);  // the timeout plus the reply grace
   EXPECT_LT(secondsSince(start), 2.0);
   ::close(listener);
 }
@@ -480,7 +496,7 @@ TEST(TcpStore, ConnectRetriesUntilTheServerStarts) {
   TcpStore store("127.0.0.1", port, 5s);
   starter.join();
   store.setString("k", "v");
-  EXPECT_EQ(store.getString("k", 1s), "v");
+  EXPECT_EQ(store.getString("k", deadlineAfter(1s)), "v");
 }
 
 TEST(TcpStore, ConnectStoreParsesAndRendezvous) {
@@ -509,14 +525,14 @@ TEST(TcpStore, ConnectStoreParsesAndRendezvous) {
   });
   ASSERT_TRUE(server);
   for (int rank = 0; rank < kRanks; ++rank)
-    EXPECT_EQ(stores[(rank + 2) % kRanks]->getString("r" + std::to_string(rank), 1s),
+    EXPECT_EQ(stores[(rank + 2) % kRanks]->getString("r" + std::to_string(rank), deadlineAfter(1s)),
               std::to_string(rank * 3 + 1));
   EXPECT_EQ(stores[3]->add("joined", 0), 15);
 
   // Without serverOut the single rank-0 client owns its server (port 0 picks one).
   auto solo = connectStore("127.0.0.1:0", 0, 1s, nullptr);
   solo->setString("x", "y");
-  EXPECT_EQ(solo->getString("x", 1s), "y");
+  EXPECT_EQ(solo->getString("x", deadlineAfter(1s)), "y");
 }
 
 }  // namespace

@@ -43,8 +43,8 @@ class DirStore : public store::Store {
     }
     std::filesystem::rename(tmp, path(key));
   }
-  store::Bytes get(const std::string& key, Millis timeout) override {
-    wait({key}, timeout);
+  store::Bytes get(const std::string& key, Deadline deadline) override {
+    wait({key}, deadline);
     std::ifstream in(path(key), std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
@@ -53,7 +53,7 @@ class DirStore : public store::Store {
   }
   int64_t add(const std::string& key, int64_t delta) override {
     Locked lock(dir_);
-    const int64_t value = (check({key}) ? store::parseInteger(get(key, Millis(0))) : 0) + delta;
+    const int64_t value = (check({key}) ? store::parseInteger(get(key, Clock::now())) : 0) + delta;
     set(key, store::integerBytes(value));
     return value;
   }
@@ -61,18 +61,18 @@ class DirStore : public store::Store {
                           const store::Bytes& desired) override {
     Locked lock(dir_);
     const bool present = check({key});
-    const store::Bytes current = present ? get(key, Millis(0)) : store::Bytes{};
+    const store::Bytes current = present ? get(key, Clock::now()) : store::Bytes{};
     if ((!present && expected.empty()) || (present && current == expected)) {
       set(key, desired);
       return desired;
     }
     return current;
   }
-  void wait(const std::vector<std::string>& keys, Millis timeout) override {
-    const Deadline deadline = deadlineAfter(timeout);
+  void wait(const std::vector<std::string>& keys, Deadline deadline) override {
+    const Millis budget = remaining(deadline);
     while (!check(keys)) {
       if (Clock::now() >= deadline)
-        throw TimeoutError(str("dir store: timed out after ", timeout.count(), " ms waiting for ",
+        throw TimeoutError(str("dir store: timed out after ", budget.count(), " ms waiting for ",
                                store::describeKeys(keys)));
       usleep(1000);
     }

@@ -5,7 +5,7 @@
 namespace hetra::comm {
 
 store::Bytes exchangeRootId(store::Store& store, const std::string& key, int rank,
-                            const std::function<store::Bytes()>& makeId, Millis timeout,
+                            const std::function<store::Bytes()>& makeId, Deadline deadline,
                             size_t idBytes) {
   HETRA_ENFORCE_GE(rank, 0, "bootstrap: negative rank");
   store::Bytes id;
@@ -17,11 +17,12 @@ store::Bytes exchangeRootId(store::Store& store, const std::string& key, int ran
     store.set(key, id);
     return id;
   }
+  const Millis budget = remaining(deadline);  // what the message reports as waited
   try {
-    id = store.get(key, timeout);
+    id = store.get(key, deadline);
   } catch (const TimeoutError& e) {
     throw TimeoutError(
-        str("bootstrap: rank ", rank, " waited ", timeout.count(),
+        str("bootstrap: rank ", rank, " waited ", budget.count(),
             " ms for rank 0 to publish the communicator id under '", key,
             "' (did rank 0 start, and create its device communicator?): ", e.what()));
   }

@@ -15,10 +15,10 @@ namespace hetra::comm {
 
 // Rank 0 calls makeId() and sets `key` to it; every rank (rank 0 included) returns the published
 // id. `key` must be fresh for this group (the group's PrefixStore makes it so). Throws
-// TimeoutError naming the key and rank 0 when the id is not published within `timeout`, and
+// TimeoutError naming the key and rank 0 when the id is not published by `deadline`, and
 // IoError when it does not have exactly `idBytes` bytes (0: any size).
 store::Bytes exchangeRootId(store::Store& store, const std::string& key, int rank,
-                            const std::function<store::Bytes()>& makeId, Millis timeout,
+                            const std::function<store::Bytes()>& makeId, Deadline deadline,
                             size_t idBytes = 0);
 
 }  // namespace hetra::comm

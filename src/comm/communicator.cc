@@ -111,8 +111,10 @@ class CommunicatorImpl : public Communicator,
     const std::string base = str("split", splitId);
     store_->setString(str(base, "/", rank_), str(color, " ", key));
     std::vector<std::pair<int, int>> members;  // (key, old rank) of ranks with my color
+    const Deadline deadline =
+        deadlineAfter(options_.timeout);  // one budget for every rank's record
     for (int r = 0; r < size_; ++r) {
-      const std::string value = store_->getString(str(base, "/", r), options_.timeout);
+      const std::string value = store_->getString(str(base, "/", r), deadline);
       int theirColor = 0, theirKey = 0;
       HETRA_ENFORCE(std::sscanf(value.c_str(), "%d %d", &theirColor, &theirKey) == 2,
                     "bad split record '", value, "'");
@@ -292,10 +294,11 @@ class CommunicatorImpl : public Communicator,
     mine.vendor = options_.vendor;
     mine.table = str(forced_.text, " over ", providerTableText());
     store_->setString(str("rank/", rank_), mine.encode());
+    const Deadline deadline =
+        deadlineAfter(options_.timeout);  // one budget for every rank's record
     for (int r = 0; r < size_; ++r)
       records_.push_back(
-          r == rank_ ? mine
-                     : RankRecord::decode(store_->getString(str("rank/", r), options_.timeout)));
+          r == rank_ ? mine : RankRecord::decode(store_->getString(str("rank/", r), deadline)));
     for (int r = 0; r < size_; ++r)
       if (records_[r].table != mine.table)
         throw ConfigError(str("rank ", r, " forces providers '", records_[r].table, "' but rank ",

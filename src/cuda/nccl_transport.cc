@@ -420,7 +420,7 @@ std::unique_ptr<NcclTransport> createNcclTransport(std::shared_ptr<store::Store>
           throw IoError(str("nccl transport: ncclGetUniqueId: ", ncclGetErrorString(result)));
         return store::Bytes(id.internal, id.internal + sizeof id.internal);
       },
-      remaining(deadline), sizeof(ncclUniqueId));
+      deadline, sizeof(ncclUniqueId));
   ncclUniqueId id;
   std::copy(idBytes.begin(), idBytes.end(), id.internal);
 

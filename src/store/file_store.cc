@@ -175,12 +175,12 @@ void FileStore::set(const std::string& key, const Bytes& value) {
   writeFile(key, value);
 }
 
-Bytes FileStore::get(const std::string& key, Millis timeout) {
+Bytes FileStore::get(const std::string& key, Deadline deadline) {
+  const Millis budget = remaining(deadline);
   std::optional<Bytes> value;
   // Reading (not only checking) each time: a key deleted between a check and a read keeps waiting.
-  if (!pollUntil(deadlineAfter(timeout),
-                 [&] { return (value = readFile(pathFor(key))).has_value(); }))
-    throw TimeoutError(str("file store ", directory_, ": get timed out after ", timeout.count(),
+  if (!pollUntil(deadline, [&] { return (value = readFile(pathFor(key))).has_value(); }))
+    throw TimeoutError(str("file store ", directory_, ": get timed out after ", budget.count(),
                            " ms for keys ", describeKeys({key})));
   return std::move(*value);
 }
@@ -205,9 +205,10 @@ Bytes FileStore::compareSet(const std::string& key, const Bytes& expected, const
   return desired;
 }
 
-void FileStore::wait(const std::vector<std::string>& keys, Millis timeout) {
-  if (!pollUntil(deadlineAfter(timeout), [&] { return check(keys); }))
-    throw TimeoutError(str("file store ", directory_, ": wait timed out after ", timeout.count(),
+void FileStore::wait(const std::vector<std::string>& keys, Deadline deadline) {
+  const Millis budget = remaining(deadline);
+  if (!pollUntil(deadline, [&] { return check(keys); }))
+    throw TimeoutError(str("file store ", directory_, ": wait timed out after ", budget.count(),
                            " ms for keys ", describeKeys(keys)));
 }
 

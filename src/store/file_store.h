@@ -16,10 +16,11 @@ class FileStore : public Store {
   explicit FileStore(std::string directory, Millis lockTimeout = kDefaultTimeout);
 
   void set(const std::string& key, const Bytes& value) override;
-  Bytes get(const std::string& key, Millis timeout = kDefaultTimeout) override;
+  Bytes get(const std::string& key, Deadline deadline = deadlineAfter(kDefaultTimeout)) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
-  void wait(const std::vector<std::string>& keys, Millis timeout = kDefaultTimeout) override;
+  void wait(const std::vector<std::string>& keys,
+            Deadline deadline = deadlineAfter(kDefaultTimeout)) override;
   bool check(const std::vector<std::string>& keys) override;
   bool deleteKey(const std::string& key) override;
 

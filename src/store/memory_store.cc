@@ -26,8 +26,8 @@ void MemoryStore::set(const std::string& key, const Bytes& value) {
   state_->changed.notify_all();
 }
 
-Bytes MemoryStore::get(const std::string& key, Millis timeout) {
-  wait({key}, timeout);
+Bytes MemoryStore::get(const std::string& key, Deadline deadline) {
+  wait({key}, deadline);
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->values.at(key);
 }
@@ -57,16 +57,17 @@ Bytes MemoryStore::compareSet(const std::string& key, const Bytes& expected, con
   return result;
 }
 
-void MemoryStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+void MemoryStore::wait(const std::vector<std::string>& keys, Deadline deadline) {
+  const Millis budget = remaining(deadline);  // what the message reports as waited
   std::unique_lock<std::mutex> lock(state_->mutex);
   auto present = [&] {
     for (const auto& key : keys)
       if (!state_->values.count(key)) return false;
     return true;
   };
-  if (!state_->changed.wait_for(lock, timeout, present))
+  if (!state_->changed.wait_until(lock, deadline, present))
     throw TimeoutError(
-        str("store wait timed out after ", timeout.count(), " ms for keys ", describeKeys(keys)));
+        str("store wait timed out after ", budget.count(), " ms for keys ", describeKeys(keys)));
 }
 
 bool MemoryStore::check(const std::vector<std::string>& keys) {

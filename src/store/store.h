@@ -1,6 +1,6 @@
 // Store: the key/value rendezvous through which ranks find each other (c10d's Store, Gloo's
-// rendezvous). Values are bytes. Every blocking call takes a timeout and throws TimeoutError naming
-// the keys it waited for.
+// rendezvous). Values are bytes. Every blocking call takes a Deadline (common/timing.h), so that
+// several calls under one budget share it, and throws TimeoutError naming the keys it waited for.
 #pragma once
 
 #include <cstdint>
@@ -16,20 +16,22 @@ using Bytes = std::vector<uint8_t>;
 
 class Store {
  public:
+  // The budget of a blocking call given no deadline, counted from that call.
   static constexpr Millis kDefaultTimeout{30000};
 
   virtual ~Store() = default;
 
   virtual void set(const std::string& key, const Bytes& value) = 0;
   // Waits until the key exists, then returns its value.
-  virtual Bytes get(const std::string& key, Millis timeout = kDefaultTimeout) = 0;
+  virtual Bytes get(const std::string& key, Deadline deadline = deadlineAfter(kDefaultTimeout)) = 0;
   // Atomically adds delta to the integer stored at key (0 if absent) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // Sets key to desired if its current value equals expected (an absent key equals an empty
   // expected); returns the value the key holds afterwards.
   virtual Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
   // Waits until every key exists.
-  virtual void wait(const std::vector<std::string>& keys, Millis timeout = kDefaultTimeout) = 0;
+  virtual void wait(const std::vector<std::string>& keys,
+                    Deadline deadline = deadlineAfter(kDefaultTimeout)) = 0;
   virtual bool check(const std::vector<std::string>& keys) = 0;
   virtual bool deleteKey(const std::string& key) = 0;
 
@@ -37,8 +39,9 @@ class Store {
   void setString(const std::string& key, const std::string& value) {
     set(key, Bytes(value.begin(), value.end()));
   }
-  std::string getString(const std::string& key, Millis timeout = kDefaultTimeout) {
-    Bytes value = get(key, timeout);
+  std::string getString(const std::string& key,
+                        Deadline deadline = deadlineAfter(kDefaultTimeout)) {
+    Bytes value = get(key, deadline);
     return std::string(value.begin(), value.end());
   }
 };
@@ -51,8 +54,8 @@ class PrefixStore : public Store {
   void set(const std::string& key, const Bytes& value) override {
     inner_->set(prefix_ + key, value);
   }
-  Bytes get(const std::string& key, Millis timeout) override {
-    return inner_->get(prefix_ + key, timeout);
+  Bytes get(const std::string& key, Deadline deadline) override {
+    return inner_->get(prefix_ + key, deadline);
   }
   int64_t add(const std::string& key, int64_t delta) override {
     return inner_->add(prefix_ + key, delta);
@@ -60,8 +63,8 @@ class PrefixStore : public Store {
   Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override {
     return inner_->compareSet(prefix_ + key, expected, desired);
   }
-  void wait(const std::vector<std::string>& keys, Millis timeout) override {
-    inner_->wait(prefixed(keys), timeout);
+  void wait(const std::vector<std::string>& keys, Deadline deadline) override {
+    inner_->wait(prefixed(keys), deadline);
   }
   bool check(const std::vector<std::string>& keys) override {
     return inner_->check(prefixed(keys));
@@ -86,10 +89,10 @@ class MemoryStore : public Store {
   MemoryStore();
   ~MemoryStore() override;
   void set(const std::string& key, const Bytes& value) override;
-  Bytes get(const std::string& key, Millis timeout) override;
+  Bytes get(const std::string& key, Deadline deadline) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
-  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  void wait(const std::vector<std::string>& keys, Deadline deadline) override;
   bool check(const std::vector<std::string>& keys) override;
   bool deleteKey(const std::string& key) override;
 

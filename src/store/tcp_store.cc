@@ -74,28 +74,33 @@ void TcpStore::connectUntil(Deadline deadline) {
   fd_ = fd;
 }
 
-Bytes TcpStore::request(const Bytes& payload, Millis waitTimeout, const char* what,
-                        const std::vector<std::string>& keys) {
+Bytes TcpStore::request(Op op, const Bytes& fields, std::optional<Deadline> waitDeadline,
+                        const char* what, const std::vector<std::string>& keys) {
+  const bool waits = waitDeadline.has_value();
+  // What a timeout message reports as waited: the budget this call was given.
+  const Millis budget = waits ? remaining(*waitDeadline) : timeout_;
   // The server would drop the connection on a larger frame; say why here instead.
-  if (payload.size() > kMaxPayload)
-    throw Error(str("store ", what, " of ", describeKeys(keys), ": request of ", payload.size(),
+  const size_t payloadBytes = requestBytes(waits, fields.size());
+  if (payloadBytes > kMaxPayload)
+    throw Error(str("store ", what, " of ", describeKeys(keys), ": request of ", payloadBytes,
                     " bytes exceeds the ", kMaxPayload, " byte frame limit"));
   std::lock_guard<std::mutex> lock(mutex_);
   if (!broken_.empty()) throw IoError(str(broken_, "; store ", what, " failed"));
   // A socket closed after a client-side timeout (stream out of step) is reopened here.
   if (fd_ < 0) connectUntil(deadlineAfter(timeout_));
 
-  const bool waits = waitTimeout.count() >= 0;
-  const Millis replyTimeout = waits ? waitTimeout + kReplyGrace : timeout_;
-  const Deadline deadline = deadlineAfter(replyTimeout);
+  // min: a deadline of Deadline::max() (wait for ever) must not overflow.
+  const Deadline deadline =
+      waits ? std::min(*waitDeadline, Deadline::max() - kReplyGrace) + kReplyGrace
+            : deadlineAfter(timeout_);
   auto timedOut = [&]() -> TimeoutError {
     closeSocket();
     if (waits)
       return TimeoutError(str("store ", what, " on ", address(), " timed out after ",
-                              waitTimeout.count(), " ms for keys ", describeKeys(keys),
+                              budget.count(), " ms for keys ", describeKeys(keys),
                               " (server did not answer)"));
     return TimeoutError(str("store ", what, " of '", describeKeys(keys), "' on ", address(),
-                            " got no reply within ", replyTimeout.count(), " ms"));
+                            " got no reply within ", timeout_.count(), " ms"));
   };
   auto serverGone = [&](const std::string& detail) -> IoError {
     broken_ = str("store server ", address(), " closed the connection (", detail, ")");
@@ -126,7 +131,9 @@ Bytes TcpStore::request(const Bytes& payload, Millis waitTimeout, const char* wh
     }
   };
 
-  const Bytes frame = makeFrame(payload);
+  // The server's wait starts when the request arrives: it gets what is left of the deadline now.
+  const Bytes frame = makeRequestFrame(
+      op, waits ? std::optional<Millis>(remaining(*waitDeadline)) : std::nullopt, fields);
   for (size_t sent = 0; sent < frame.size();) {
     const ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
     if (n > 0)
@@ -148,8 +155,8 @@ Bytes TcpStore::request(const Bytes& payload, Millis waitTimeout, const char* wh
     case Status::Ok:
       return Bytes(reply.begin() + 1, reply.end());
     case Status::Timeout:
-      throw TimeoutError(str("store ", what, " on ", address(), " timed out after ",
-                             waitTimeout.count(), " ms for keys ", describeKeys(keys)));
+      throw TimeoutError(str("store ", what, " on ", address(), " timed out after ", budget.count(),
+                             " ms for keys ", describeKeys(keys)));
     case Status::Failed: {
       Reader r(reply.data() + 1, reply.size() - 1);
       throw Error(r.string());
@@ -159,13 +166,11 @@ Bytes TcpStore::request(const Bytes& payload, Millis waitTimeout, const char* wh
 }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
-  request(Writer().u8(uint8_t(Op::Set)).string(key).bytes(value).take(), Millis(-1), "set", {key});
+  request(Op::Set, Writer().string(key).bytes(value).take(), std::nullopt, "set", {key});
 }
 
-Bytes TcpStore::get(const std::string& key, Millis timeout) {
-  timeout = std::max(timeout, Millis(0));
-  const Bytes body = request(Writer().u8(uint8_t(Op::Get)).u64(clampMs(timeout)).string(key).take(),
-                             timeout, "get", {key});
+Bytes TcpStore::get(const std::string& key, Deadline deadline) {
+  const Bytes body = request(Op::Get, Writer().string(key).take(), deadline, "get", {key});
   Reader r(body.data(), body.size());
   Bytes value = r.bytes();
   r.end();
@@ -173,35 +178,32 @@ Bytes TcpStore::get(const std::string& key, Millis timeout) {
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  const Bytes body = request(Writer().u8(uint8_t(Op::Add)).string(key).u64(uint64_t(delta)).take(),
-                             Millis(-1), "add", {key});
+  const Bytes body = request(Op::Add, Writer().string(key).u64(uint64_t(delta)).take(),
+                             std::nullopt, "add", {key});
   Reader r(body.data(), body.size());
   return int64_t(r.u64());
 }
 
 Bytes TcpStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
-  const Bytes body = request(
-      Writer().u8(uint8_t(Op::CompareSet)).string(key).bytes(expected).bytes(desired).take(),
-      Millis(-1), "compareSet", {key});
+  const Bytes body =
+      request(Op::CompareSet, Writer().string(key).bytes(expected).bytes(desired).take(),
+              std::nullopt, "compareSet", {key});
   Reader r(body.data(), body.size());
   return r.bytes();
 }
 
-void TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
-  timeout = std::max(timeout, Millis(0));
-  request(Writer().u8(uint8_t(Op::Wait)).u64(clampMs(timeout)).strings(keys).take(), timeout,
-          "wait", keys);
+void TcpStore::wait(const std::vector<std::string>& keys, Deadline deadline) {
+  request(Op::Wait, Writer().strings(keys).take(), deadline, "wait", keys);
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
-  const Bytes body =
-      request(Writer().u8(uint8_t(Op::Check)).strings(keys).take(), Millis(-1), "check", keys);
+  const Bytes body = request(Op::Check, Writer().strings(keys).take(), std::nullopt, "check", keys);
   return !body.empty() && body[0] != 0;
 }
 
 bool TcpStore::deleteKey(const std::string& key) {
   const Bytes body =
-      request(Writer().u8(uint8_t(Op::Delete)).string(key).take(), Millis(-1), "deleteKey", {key});
+      request(Op::Delete, Writer().string(key).take(), std::nullopt, "deleteKey", {key});
   return !body.empty() && body[0] != 0;
 }
 

@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@
 #include "store/store.h"
 
 namespace hetra::store {
+
+namespace wire {
+enum class Op : uint8_t;  // tcp_store_wire.h
+}
 
 class TcpStoreServer {
  public:
@@ -50,9 +55,9 @@ class TcpStoreServer {
 };
 
 // A client of a TcpStoreServer; safe to share between threads (one request at a time).
-// get/wait carry their timeout to the server, which answers "timed out" at the deadline; the client
-// also enforces it locally (plus a small grace), so a silent server cannot hang it. A server that
-// goes away gives IoError on the pending call and on every later call.
+// get/wait carry the time left until their deadline to the server, which answers "timed out" at the
+// deadline; the client also enforces it locally (plus a small grace), so a silent server cannot
+// hang it. A server that goes away gives IoError on the pending call and on every later call.
 class TcpStore : public Store {
  public:
   // Connects, retrying until `timeout` (the server may start later), else TimeoutError naming
@@ -64,10 +69,11 @@ class TcpStore : public Store {
   ~TcpStore() override;
 
   void set(const std::string& key, const Bytes& value) override;
-  Bytes get(const std::string& key, Millis timeout = kDefaultTimeout) override;
+  Bytes get(const std::string& key, Deadline deadline = deadlineAfter(kDefaultTimeout)) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
-  void wait(const std::vector<std::string>& keys, Millis timeout = kDefaultTimeout) override;
+  void wait(const std::vector<std::string>& keys,
+            Deadline deadline = deadlineAfter(kDefaultTimeout)) override;
   bool check(const std::vector<std::string>& keys) override;
   bool deleteKey(const std::string& key) override;
 
@@ -76,8 +82,12 @@ class TcpStore : public Store {
   std::string address() const;  // "host:port"
 
  private:
-  Bytes request(const Bytes& payload, Millis replyTimeout, const char* what,
-                const std::vector<std::string>& keys);
+  // Sends one request (opcode `op`, then `fields`) and returns the body of its reply. A get or
+  // wait passes its deadline: the request then carries the milliseconds left until it, read as the
+  // request is sent, and the reply is awaited until the deadline plus a grace. Other requests
+  // await their reply for the store's timeout.
+  Bytes request(wire::Op op, const Bytes& fields, std::optional<Deadline> waitDeadline,
+                const char* what, const std::vector<std::string>& keys);
   void connectUntil(Deadline deadline);
   void closeSocket();
 

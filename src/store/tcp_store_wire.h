@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,20 @@ inline Bytes makeFrame(const Bytes& payload) {
 
 inline uint64_t clampMs(Millis timeout) {
   return timeout.count() <= 0 ? 0 : std::min<uint64_t>(uint64_t(timeout.count()), kMaxWaitMs);
+}
+
+// A request's payload: the opcode, then (get and wait only) the milliseconds it may wait, then the
+// op's other fields.
+inline size_t requestBytes(bool waits, size_t fieldBytes) {
+  return 1 + (waits ? 8 : 0) + fieldBytes;
+}
+inline Bytes makeRequestFrame(Op op, std::optional<Millis> wait, const Bytes& fields) {
+  Writer w;
+  w.u32(kMagic).u32(uint32_t(requestBytes(wait.has_value(), fields.size()))).u8(uint8_t(op));
+  if (wait) w.u64(clampMs(*wait));
+  Bytes frame = w.take();
+  frame.insert(frame.end(), fields.begin(), fields.end());
+  return frame;
 }
 
 inline std::string errnoText(int err) {

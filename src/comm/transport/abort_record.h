@@ -25,7 +25,7 @@ inline void publishAbortRecord(store::Store& store, const std::string& record, c
 inline bool readAbortRecord(store::Store& store, int& culprit, std::string& message) {
   try {
     if (!store.check({kAbortKey})) return false;
-    const std::string record = store.getString(kAbortKey, Millis(1000));
+    const std::string record = store.getString(kAbortKey, deadlineAfter(Millis(1000)));
     const size_t newline = record.find('\n');
     if (newline == std::string::npos) return false;
     culprit = std::stoi(record.substr(0, newline));

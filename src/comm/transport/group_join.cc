@@ -17,7 +17,7 @@ std::vector<std::string> joinGroup(store::Store& store, const std::string& prefi
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(str(prefix, "/", r));
   try {
-    store.wait(keys, remaining(deadline));
+    store.wait(keys, deadline);
   } catch (const TimeoutError&) {
     std::string missing;
     int count = 0;
@@ -28,7 +28,7 @@ std::vector<std::string> joinGroup(store::Store& store, const std::string& prefi
                            ")"));
   }
   std::vector<std::string> records;
-  for (const std::string& key : keys) records.push_back(store.getString(key, remaining(deadline)));
+  for (const std::string& key : keys) records.push_back(store.getString(key, deadline));
   return records;
 }
 

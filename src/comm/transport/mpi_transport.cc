@@ -679,7 +679,7 @@ std::unique_ptr<Transport> createMpiTransport(std::shared_ptr<store::Store> stor
                               "); every rank of an mpi group must be its own MPI process "
                               "(launch with mpirun -np N)"));
   }
-  const uint64_t group = std::stoull(store->getString("group", remaining(deadline)));
+  const uint64_t group = std::stoull(store->getString("group", deadline));
 
   // The group's communicator, collective over the group only. MPI offers no timeout here; every
   // rank has joined above, so all of them are about to call it.

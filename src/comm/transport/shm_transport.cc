@@ -272,11 +272,11 @@ struct Outbound {
 class ShmTransport : public Transport, public SharedArena::Monitor {
  public:
   // `created` runs once the creator has initialised the segment (rank 0 publishes its name there).
+  // Opening and attaching end by `deadline`.
   ShmTransport(const std::string& name, bool create, int rank, int size, const ShmOptions& options,
-               bool retryOpen, const std::function<void()>& created)
+               Deadline deadline, bool retryOpen, const std::function<void()>& created)
       : name_(name), rank_(rank), size_(size) {
     HETRA_ENFORCE(rank >= 0 && rank < size, "rank ", rank, " is outside a group of ", size);
-    const Deadline deadline = deadlineAfter(options.timeout);
     try {
       if (create) {
         createSegment(options);
@@ -865,24 +865,28 @@ std::string newShmSegmentName() {
 
 std::unique_ptr<Transport> createShmTransport(store::Store& store, int rank, int size,
                                               const ShmOptions& options) {
+  // Reading the segment's name and attaching to it share one budget.
+  const Deadline deadline = deadlineAfter(options.timeout);
   if (rank == 0) {
     const std::string name = newShmSegmentName();
-    auto transport = std::make_unique<ShmTransport>(name, true, rank, size, options, false,
-                                                    [&] { store.setString("segment", name); });
+    auto transport =
+        std::make_unique<ShmTransport>(name, true, rank, size, options, deadline, false,
+                                       [&] { store.setString("segment", name); });
     // Every rank has mapped the segment, so every rank has read its name: drop the key, so that a
     // later group on the same store prefix cannot pick up this one's (already unlinked) name.
     store.deleteKey("segment");
     return transport;
   }
-  const std::string name = store.getString("segment", options.timeout);
+  const std::string name = store.getString("segment", deadline);
   checkSegmentName(name);
-  return std::make_unique<ShmTransport>(name, false, rank, size, options, false, nullptr);
+  return std::make_unique<ShmTransport>(name, false, rank, size, options, deadline, false, nullptr);
 }
 
 std::unique_ptr<Transport> createShmTransport(const std::string& segmentName, int rank, int size,
                                               const ShmOptions& options) {
   checkSegmentName(segmentName);
-  return std::make_unique<ShmTransport>(segmentName, rank == 0, rank, size, options, true, nullptr);
+  return std::make_unique<ShmTransport>(segmentName, rank == 0, rank, size, options,
+                                        deadlineAfter(options.timeout), true, nullptr);
 }
 
 }  // namespace hetra::comm

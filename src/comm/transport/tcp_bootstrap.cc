@@ -284,11 +284,11 @@ void TcpTransport::setup(Deadline deadline) {
 }
 
 void TcpTransport::connectPeers(Deadline deadline) {
-  if (rank_ != 0) groupId_ = store_->getString("group", remaining(deadline));
+  if (rank_ != 0) groupId_ = store_->getString("group", deadline);
   // Connections that arrived meanwhile wait in the listen backlog.
   acceptor_ = std::thread([this] { acceptLoop(); });
   for (int peer = 0; peer < rank_; ++peer)
-    connectTo(peer, store_->getString(str("addr/", peer), remaining(deadline)), deadline);
+    connectTo(peer, store_->getString(str("addr/", peer), deadline), deadline);
   std::unique_lock<std::mutex> lock(mutex_);
   auto missing = [&] {
     std::string list;
