@@ -200,7 +200,7 @@ TYPED_TEST(StoreTest, WaitAndGetTimeOutWithinTheirTimeout) {
     } catch (const TimeoutError& e) {
       const double elapsed = secondsSince(start);
       EXPECT_GE(elapsed, 0.19);
-      EXPECT_LT(elapsed, 1.0);
+      EXPECT_LT(elapsed, 10.0);  // it ended by its deadline, not by a hang (sanitizer room)
       EXPECT_NE(std::string(e.what()).find(which == 0 ? "missing-key-x" : "missing-key-y"),
                 std::string::npos)
           << e.what();
@@ -213,16 +213,16 @@ TYPED_TEST(StoreTest, WaitAndGetTimeOutWithinTheirTimeout) {
 }
 
 // The point of a Deadline: calls made one after another under it share its budget, where each
-// given a timeout would wait the whole of it again (two gets here would take 3 s).
+// given a timeout would wait the whole of it again (three calls here would take 6 s).
 TYPED_TEST(StoreTest, CallsUnderOneDeadlineShareItsBudget) {
   auto store = this->backend.client();
   const auto start = Clock::now();
-  const Deadline deadline = deadlineAfter(1500ms);
+  const Deadline deadline = deadlineAfter(2000ms);
   EXPECT_THROW(store->get("missing-first", deadline), TimeoutError);
-  EXPECT_GE(secondsSince(start), 1.45);  // the first get spent the whole budget
+  EXPECT_GE(secondsSince(start), 1.95);  // the first get spent the whole budget
   EXPECT_THROW(store->wait({"missing-second"}, deadline), TimeoutError);
   EXPECT_THROW(store->getString("missing-third", deadline), TimeoutError);
-  EXPECT_LT(secondsSince(start), 2.6);  // well below the 4.5 s of three 1.5 s timeouts
+  EXPECT_LT(secondsSince(start), 4.0);  // below the 6 s of three 2 s timeouts
 }
 
 TYPED_TEST(StoreTest, CheckAndDeleteKey) {
@@ -344,14 +344,20 @@ TEST(TcpStore, ParkedWaitersDoNotBlockOtherClients) {
   TcpStoreServer server("127.0.0.1", 0);
   TcpStore waiting("127.0.0.1", server.port(), kClientTimeout);
   TcpStore other("127.0.0.1", server.port(), kClientTimeout);
-  std::thread parked(
-      [&] { EXPECT_THROW(waiting.get("never", deadlineAfter(600ms)), TimeoutError); });
+  // The waiter stays parked until the other client sets its key, which that client can do only if
+  // the server serves it meanwhile.
+  std::atomic<bool> returned{false};
+  std::thread parked([&] {
+    EXPECT_EQ(waiting.getString("released", deadlineAfter(60s)), "now");
+    returned = true;
+  });
   std::this_thread::sleep_for(50ms);
-  const auto start = Clock::now();
   for (int i = 0; i < 20; ++i) other.setString("k" + std::to_string(i), "v");
   EXPECT_TRUE(other.check({"k0", "k19"}));
-  EXPECT_LT(secondsSince(start), 0.5);  // served while the waiter is parked
+  EXPECT_FALSE(returned.load());  // served while the waiter is parked
+  other.setString("released", "now");
   parked.join();
+  EXPECT_TRUE(returned.load());
 }
 
 TEST(TcpStore, ServerDestroyedGivesIoErrorToBlockedAndLaterCalls) {
@@ -363,7 +369,7 @@ TEST(TcpStore, ServerDestroyedGivesIoErrorToBlockedAndLaterCalls) {
   std::this_thread::sleep_for(100ms);
   server.reset();
   blocked.join();
-  EXPECT_LT(secondsSince(start), 3.0);
+  EXPECT_LT(secondsSince(start), 12.0);              // the server's end, not the 20 s deadline
   EXPECT_THROW(store.setString("k", "v"), IoError);  // latched
 }
 
@@ -398,7 +404,7 @@ TEST(TcpStore, KilledServerProcessGivesIoError) {
     });
     const auto start = Clock::now();
     EXPECT_THROW(store.get("never", deadlineAfter(20s)), IoError);
-    EXPECT_LT(secondsSince(start), 3.0);
+    EXPECT_LT(secondsSince(start), 12.0);  // the server's death, not the 20 s deadline
     killer.join();
   }
   int status = 0;
@@ -463,11 +469,11 @@ TEST(TcpStore, SilentServerCannotHangTheClient) {
   TcpStore store("127.0.0.1", ntohs(addr.sin_port), 300ms);
   auto start = Clock::now();
   EXPECT_THROW(store.setString("k", "v"), TimeoutError);
-  EXPECT_LT(secondsSince(start), 1.0);
+  EXPECT_LT(secondsSince(start), 10.0);  // ended by the 300 ms timeout, not a hang
   start = Clock::now();
   EXPECT_THROW(store.get("k", deadlineAfter(100ms)),
                TimeoutError);  // the timeout plus the reply grace
-  EXPECT_LT(secondsSince(start), 2.0);
+  EXPECT_LT(secondsSince(start), 10.0);
   ::close(listener);
 }
 
@@ -483,7 +489,7 @@ TEST(TcpStore, ConnectTimesOutWhenNoServerAndNamesTheAddress) {
   }
   const double elapsed = secondsSince(start);
   EXPECT_GE(elapsed, 0.28);
-  EXPECT_LT(elapsed, 1.5);
+  EXPECT_LT(elapsed, 10.0);  // ended by the 300 ms timeout, not a hang
 }
 
 TEST(TcpStore, ConnectRetriesUntilTheServerStarts) {
