@@ -6,28 +6,33 @@
 #include "comm/codec/codec.h"
 #include "comm/providers/registry.h"
 #include "common/errors.h"
+#include "common/names.h"
 
 namespace hetra::comm {
 
 namespace {
-struct OpKindNames {
-  const char* name;  // in messages
-  const char* key;   // in HETRA_ALGO and on the command line
-};
-constexpr OpKindNames kOpKindNames[] = {{"allreduce", "allreduce"},
-                                        {"reduce-scatter", "reducescatter"},
-                                        {"allgather", "allgather"},
-                                        {"broadcast", "broadcast"},
-                                        {"barrier", "barrier"}};
-static_assert(std::size(kOpKindNames) == std::size(kOpKinds));
+// In messages, and in HETRA_ALGO and on the command line.
+constexpr NamedValue<OpKind> kOpKindNames[] = {{OpKind::Allreduce, "allreduce"},
+                                               {OpKind::ReduceScatter, "reduce-scatter"},
+                                               {OpKind::Allgather, "allgather"},
+                                               {OpKind::Broadcast, "broadcast"},
+                                               {OpKind::Barrier, "barrier"}};
+constexpr NamedValue<OpKind> kOpKindKeys[] = {{OpKind::Allreduce, "allreduce"},
+                                              {OpKind::ReduceScatter, "reducescatter"},
+                                              {OpKind::Allgather, "allgather"},
+                                              {OpKind::Broadcast, "broadcast"},
+                                              {OpKind::Barrier, "barrier"}};
+static_assert(coversEnum(kOpKindNames, OpKind::Barrier) &&
+              coversEnum(kOpKindKeys, OpKind::Barrier));
 }  // namespace
 
+// A header from the wire may carry any kind: an unknown one is named "?" (nameOf).
 const char* opKindName(OpKind kind) {
-  return kOpKindNames[size_t(kind)].name;
+  return nameOf(kind, kOpKindNames);
 }
 
 const char* opKindKey(OpKind kind) {
-  return kOpKindNames[size_t(kind)].key;
+  return nameOf(kind, kOpKindKeys);
 }
 
 size_t totalCount(const std::vector<size_t>& counts) {
