@@ -281,11 +281,6 @@ class CommunicatorImpl : public Communicator,
                            });
   }
 
-  bool oneHost() const {
-    return std::all_of(records_.begin(), records_.end(),
-                       [&](const RankRecord& r) { return r.host == records_[rank_].host; });
-  }
-
   // Every rank publishes its host identity, vendor and provider settings; a rank whose settings
   // differ would choose other providers than its peers, so that is an error on every rank, now.
   void gatherRecords() {
