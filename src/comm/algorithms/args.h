@@ -28,7 +28,7 @@ struct AllreduceArgs {
   DType dtype = DType::F32;
   ReduceOp op = ReduceOp::Sum;
   uint64_t seq = 0;  // the group's operation number: every rank passes the same one
-  Deadline deadline;
+  Deadline deadline{};
   uint8_t provider = 0;  // set by the communicator; travels in the header
   // Compressed float32 allreduce only: this rank's error feedback state, count elements, updated
   // in place (see compressed.h); nullptr for none.
@@ -44,7 +44,7 @@ struct ReduceScatterArgs {
   DType dtype = DType::F32;
   ReduceOp op = ReduceOp::Sum;
   uint64_t seq = 0;
-  Deadline deadline;
+  Deadline deadline{};
   uint8_t provider = 0;
 };
 
@@ -56,7 +56,7 @@ struct AllgatherArgs {
   std::vector<size_t> counts;
   DType dtype = DType::F32;
   uint64_t seq = 0;
-  Deadline deadline;
+  Deadline deadline{};
   uint8_t provider = 0;
 };
 
@@ -66,13 +66,13 @@ struct BroadcastArgs {
   DType dtype = DType::F32;
   int root = 0;
   uint64_t seq = 0;
-  Deadline deadline;
+  Deadline deadline{};
   uint8_t provider = 0;
 };
 
 struct BarrierArgs {
   uint64_t seq = 0;
-  Deadline deadline;
+  Deadline deadline{};
   uint8_t provider = 0;
 };
 
