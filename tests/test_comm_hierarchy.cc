@@ -123,9 +123,9 @@ TEST(Hierarchy, CompressesOnlyTheLevelBetweenIslands) {
 // The cost model against times worked out by hand from what each link carries (not from the
 // model's formula): 4 ranks in 2 islands of 2, B bytes, links given as latency and bandwidth.
 // Flat ring: a header round and 2 (n-1) = 6 steps, each rank sends 2 (n-1)/n B = 1.5 B, all over
-// the slowest (cross) link. Hierarchy: inside, reduce-scatter + allgather over 2 ranks: 2 steps, B/2 + B/2 = B per
-// rank; across, each rank allreduces its half with its partner: 2 steps, B/4 + B/4 per rank, so
-// each island's link carries B.
+// the slowest (cross) link. Hierarchy: inside, reduce-scatter + allgather over 2 ranks: 2 steps,
+// B/2 + B/2 = B per rank; across, each rank allreduces its half with its partner: 2 steps, B/4 +
+// B/4 per rank, so each island's link carries B.
 TEST(Hierarchy, CostModelPrefersItOverSlowLinksUnlessIslandsAreSlowToo) {
   const int n = 4;
   const double B = double(size_t(64) << 20);

@@ -22,8 +22,8 @@
 #include "launch/elastic.h"
 #include "launch_command.h"
 #include "rank_group.h"
-#include "train/config.h"
 #include "train/checkpoint.h"
+#include "train/config.h"
 #include "train/report.h"
 #include "train/trainer.h"
 
@@ -286,17 +286,13 @@ int superviseElastic(const RunOptions& options, const train::RunConfig& config,
     if (!options.metricsPath.empty()) {
       std::vector<std::string> names;
       for (size_t d : devices) names.push_back(config.devices[d].name);
-      const nlohmann::json record = {{"restart", restart + 1},
-                                     {"max_restarts", elastic.maxRestarts},
-                                     {"failed_rank", failure.rank},
-                                     {"failed_device", failedName},
-                                     {"how", failure.how},
-                                     {"exit_status", end.code},
-                                     {"last_step", lastStep},
-                                     {"resume_step", resumeStep},
-                                     {"checkpoint", resume},
-                                     {"devices", names},
-                                     {"attempt_s", attemptSeconds}};
+      const nlohmann::json record = {
+          {"restart", restart + 1},      {"max_restarts", elastic.maxRestarts},
+          {"failed_rank", failure.rank}, {"failed_device", failedName},
+          {"how", failure.how},          {"exit_status", end.code},
+          {"last_step", lastStep},       {"resume_step", resumeStep},
+          {"checkpoint", resume},        {"devices", names},
+          {"attempt_s", attemptSeconds}};
       if (!train::appendMetricsRecord(options.metricsPath, "restart", record))
         HETRA_WARN("cli", "cannot append the restart record to ", options.metricsPath);
     }
