@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/reduce.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -122,6 +123,20 @@ inline double distinctValue(DType dtype, int ranks, int rank, size_t index) {
 // yet passing their dtype and world size.
 inline double distinctValue(int rank, size_t index, bool smallRange) {
   return distinctValue(smallRange ? DType::BF16 : DType::F32, 8, rank, index);
+}
+
+// `op` over value(0), ..., value(n - 1) in double, in rank order (Avg reduced as Sum): the tests'
+// own reference, independent of the reduction kernels under test.
+template <typename Value>
+double reduceOverRanks(comm::ReduceOp op, int n, Value value) {
+  double acc = value(0);
+  for (int r = 1; r < n; ++r) {
+    const double v = value(r);
+    acc = op == comm::ReduceOp::Min   ? std::min(acc, v)
+          : op == comm::ReduceOp::Max ? std::max(acc, v)
+                                      : acc + v;
+  }
+  return acc;
 }
 
 }  // namespace hetra::test

@@ -28,11 +28,7 @@ GroupOptions hierarchical(std::vector<int> islands) {
 
 // Inputs exact in their dtype, distinct per (rank, element), with exact sums over n ranks.
 double expected(ReduceOp op, DType dtype, int n, size_t i) {
-  double acc = distinctValue(dtype, n, 0, i);
-  for (int r = 1; r < n; ++r) {
-    const double v = distinctValue(dtype, n, r, i);
-    acc = op == ReduceOp::Min ? std::min(acc, v) : op == ReduceOp::Max ? std::max(acc, v) : acc + v;
-  }
+  double acc = test::reduceOverRanks(op, n, [&](int r) { return distinctValue(dtype, n, r, i); });
   if (op == ReduceOp::Avg) acc = isFloating(dtype) ? acc / n : std::trunc(acc / n);
   return acc;
 }

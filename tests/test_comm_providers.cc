@@ -49,17 +49,7 @@ double valueOf(DType dtype, int rank, size_t i) {
 }
 
 double reduceRef(DType dtype, ReduceOp op, int n, size_t i) {
-  double acc = valueOf(dtype, 0, i);
-  for (int r = 1; r < n; ++r) {
-    const double v = valueOf(dtype, r, i);
-    if (op == ReduceOp::Min)
-      acc = std::min(acc, v);
-    else if (op == ReduceOp::Max)
-      acc = std::max(acc, v);
-    else
-      acc += v;
-  }
-  return acc;
+  return test::reduceOverRanks(op, n, [&](int r) { return valueOf(dtype, r, i); });
 }
 
 std::vector<uint8_t> filled(DType dtype, int rank, size_t from, size_t count) {

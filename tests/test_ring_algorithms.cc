@@ -38,22 +38,9 @@ double inputValue(DType t, int n, int rank, size_t i) {
   return distinctValue(t, n, rank, i);
 }
 
-double combine(ReduceOp op, double a, double b) {
-  switch (op) {
-    case ReduceOp::Min:
-      return std::min(a, b);
-    case ReduceOp::Max:
-      return std::max(a, b);
-    default:
-      return a + b;
-  }
-}
-
 // The reduction of element i over n ranks (exact in t: see inputValue).
 double expectedReduced(DType t, ReduceOp op, int n, size_t i) {
-  double acc = inputValue(t, n, 0, i);
-  for (int r = 1; r < n; ++r) acc = combine(op, acc, inputValue(t, n, r, i));
-  return acc;
+  return test::reduceOverRanks(op, n, [&](int r) { return inputValue(t, n, r, i); });
 }
 
 // Exact for every dtype: the test values and their sums are representable.

@@ -48,17 +48,7 @@ double inputValue(DType dtype, int n, int rank, size_t index) {
 
 // op over every rank's inputValue (Avg is reduced as Sum).
 double expectedReduce(DType dtype, ReduceOp op, int n, size_t index) {
-  double acc = inputValue(dtype, n, 0, index);
-  for (int r = 1; r < n; ++r) {
-    const double v = inputValue(dtype, n, r, index);
-    if (op == ReduceOp::Min)
-      acc = std::min(acc, v);
-    else if (op == ReduceOp::Max)
-      acc = std::max(acc, v);
-    else
-      acc += v;
-  }
-  return acc;
+  return test::reduceOverRanks(op, n, [&](int r) { return inputValue(dtype, n, r, index); });
 }
 
 // Collects the first few wrong elements of one rank instead of throwing, so that the other ranks
