@@ -27,7 +27,7 @@ class CompressedProvider final : public Provider {
   double seconds(const Operation& op, const GroupFacts& group) const override {
     if (group.size == 1) return 0;
     const double n = group.size, bytes = double(op.bytes);
-    const double ratio = double(op.codec->encodedBytes(op.bytes / sizeof(float))) / bytes;
+    const double ratio = wireRatio(op);
     const double phases = op.kind == OpKind::Allreduce ? 2 : 1;
     // Each input is sent straight to its reducer: n-1 messages per phase, after a header round
     // with every rank.

@@ -19,10 +19,7 @@ class HierarchicalProvider final : public Provider {
     return t;
   }
   double seconds(const Operation& op, const GroupFacts& group) const override {
-    const double ratio =
-        op.codec ? double(op.codec->encodedBytes(op.bytes / sizeof(float))) / double(op.bytes)
-                 : 1.0;
-    return group.hierarchy->seconds(op.kind, op.bytes, ratio);
+    return group.hierarchy->seconds(op.kind, op.bytes, wireRatio(op));
   }
   void allreduce(const GroupFacts& g, const Operation& op, const AllreduceArgs& a) override {
     g.hierarchy->allreduce(a, *op.policy);

@@ -109,6 +109,12 @@ struct GroupFacts {
   bool hasNativeLibrary = false;   // the transport is a native library's group
 };
 
+// Wire bytes per buffer byte of `op` (1 for an exact or empty operation).
+inline double wireRatio(const Operation& op) {
+  if (!op.codec || op.bytes == 0) return 1.0;
+  return double(op.codec->encodedBytes(op.bytes / sizeof(float))) / double(op.bytes);
+}
+
 class Provider {
  public:
   virtual ~Provider() = default;
