@@ -80,6 +80,7 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
     for (size_t k : b.params) total += params_[k].numel();
     b.flat = torch::zeros({total}, torch::kFloat32);
   }
+  logGradientRoute();
   // The hook fires after autograd accumulated the parameter's gradient (a tensor hook would see
   // only this micro-batch's part, before accumulation).
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -93,6 +94,27 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
               return outputs;
             })));
   }
+}
+
+// Says once how the gradients travel: the provider of the largest bucket's allreduce and its wire
+// format (on a hierarchy, the format between the islands). A run's log shows what was chosen.
+void DataParallel::logGradientRoute() const {
+  int64_t largest = 0;
+  for (const auto& b : buckets_) {
+    int64_t elems = 0;
+    for (size_t k : b.params) elems += params_[k].numel();
+    largest = std::max(largest, elems);
+  }
+  if (largest == 0) return;
+  const size_t count = size_t(largest);
+  const comm::Codec* codec = gradientPolicy_.compression.codecFor(
+      comm::OpKind::Allreduce, DType::F32, comm::ReduceOp::Sum, count * sizeof(float));
+  HETRA_INFO("train", "gradients: ", buckets_.size(), " buckets, the largest of ", count,
+             " floats on provider ",
+             comm_->providerFor(comm::OpKind::Allreduce, DType::F32, comm::ReduceOp::Sum, count,
+                                gradientPolicy_),
+             ", wire format ",
+             codec ? comm::compressionName(gradientPolicy_.compression.compression()) : "float32");
 }
 
 DataParallel::~DataParallel() {

@@ -93,6 +93,7 @@ class DataParallel {
 
   void onReady(size_t param);
   void markReady(size_t param);
+  void logGradientRoute() const;
   void launchReady();
 
   std::shared_ptr<torch::nn::Module> model_;
