@@ -17,6 +17,7 @@
 #include "common/errors.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "common/timeline.h"
 
 namespace hetra::comm {
 namespace {
@@ -59,6 +60,14 @@ struct RankRecord {
     return r;
   }
 };
+
+// Runs an operation as a span of the process's timeline, with its provider and bytes.
+template <typename Run>
+void runTraced(Run& run, Provider& provider, const Operation& o, Deadline d) {
+  timeline::Span span(timeline::Lane::Comm, "comm", opKindName(o.kind));
+  span.arg("provider", providerName(o.provider)).arg("bytes", int64_t(o.bytes));
+  run(provider, o, d);
+}
 
 class CommunicatorImpl : public Communicator,
                          public std::enable_shared_from_this<CommunicatorImpl> {
@@ -277,6 +286,8 @@ class CommunicatorImpl : public Communicator,
     return queue_->enqueue(std::move(describe),
                            [run = std::move(run), provider, o, policy](Deadline d) mutable {
                              o.policy = &policy;  // the copy this closure owns
+                             if (timeline::active()) [[unlikely]]
+                               return runTraced(run, *provider, o, d);
                              run(*provider, o, d);
                            });
   }

@@ -8,6 +8,7 @@
 
 #include "balance/balancer.h"
 #include "common/errors.h"
+#include "common/timeline.h"
 #include "device/slowdown.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
@@ -67,6 +68,14 @@ std::vector<int64_t> batchesOf(const balance::Plan& plan) {
   std::vector<int64_t> out;
   for (const auto& r : plan.ranks) out.push_back(r.batch);
   return out;
+}
+
+// A balancer decision as the timeline's event arguments (common/timeline.h).
+std::string planArgs(const balance::Plan& plan) {
+  std::string split;
+  for (int64_t batch : batchesOf(plan)) split += (split.empty() ? "" : ",") + std::to_string(batch);
+  return str("\"version\":", plan.version, ",\"split\":[", split,
+             "],\"reason\":", timeline::jsonString(plan.reason));
 }
 
 class Run {
@@ -146,6 +155,7 @@ class Run {
         evaluateAt(step + 1, result);
       if (config_.train.checkpointEvery > 0 && (step + 1) % config_.train.checkpointEvery == 0) {
         drain();  // the saved balancer has seen every step before the checkpoint
+        timeline::Span span(timeline::Lane::Compute, "checkpoint", "checkpoint");
         checkpoints_->save(step + 1);
       }
     }
@@ -200,6 +210,8 @@ class Run {
   // The four parts of one data-parallel step (docs/architecture.md); returns its seconds.
   double trainStep(int64_t step) {
     const auto stepStart = Clock::now();
+    timeline::Span span(timeline::Lane::Compute, "step", "step");
+    span.arg("step", step + 1);
     // 1. This rank's slice of the step's global batch, as the balancer's plan splits it.
     const balance::Plan plan = balancer_->plan();
     const auto& mine = plan.ranks[size_t(rank_)];
@@ -207,12 +219,16 @@ class Run {
     // 2. k micro-batches of at most m samples, summed gradients; 3. the last backward all-reduces
     // the gradient buckets as they become ready.
     std::vector<double> report = runMicroBatches(indices, mine, slowdownAt(device_, step));
+    timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients");
     report[kCommSeconds] = parallel_->finish(1);
+    wait.end();
     // 4. The optimizer step, then the timings go to the balancer.
+    timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
     if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
     applyLr(*optimizer_, schedule_->lrAt(step));
     optimizer_->step();
     parallel_->clearGradients();
+    optimizerSpan.end();
     shareTimings(step, plan, std::move(report));
     pending_->seconds = secondsSince(stepStart);
     return pending_->seconds;
@@ -234,9 +250,13 @@ class Run {
       const auto computeStart = Clock::now();
       // Gathering the samples is the host's data loading: timed with the micro-batch, for the
       // balancer, but not part of the device's forward+backward that the emulation slows down.
+      timeline::Span data(timeline::Lane::Compute, "compute", "data");
       Batch batch = trainData_->get(part);
+      data.end();
       const auto phaseStart = Clock::now();
       const double cpuStart = computeCpuSeconds();
+      timeline::Span forward(timeline::Lane::Compute, "compute", "forward");
+      forward.arg("micro_batch", int64_t(j)).arg("samples", sizes[j]);
       auto logits = model_->forward(batch.inputs);
       // Summed over the micro-batch and divided by the global batch B, so the all-reduced sum is
       // the gradient of the mean loss over the global batch, whatever the split: DataParallel then
@@ -244,14 +264,21 @@ class Run {
       auto loss = torch::nn::functional::cross_entropy(
           logits, batch.targets,
           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      forward.end();
+      timeline::Span backward(timeline::Lane::Compute, "compute", "backward");
+      backward.arg("micro_batch", int64_t(j));
       if (j + 1 == sizes.size()) parallel_->armLastBackward();
       (loss * (1.0 / double(config_.train.globalBatch))).backward();
       report[kLossSum] += loss.item<double>();
+      backward.end();
+      timeline::Span sleep(timeline::Lane::Compute, "emulation", "slowdown sleep");
+      sleep.arg("slowdown", slowdown);
       // An emulated device of slowdown s (device/slowdown.h) takes s times the phase's time t.
       // t is the phase's CPU time per thread (at most its wall time): when ranks share cores,
       // wall time includes waiting for a core, which a slower device must not multiply.
       emulator_.endPhase(slowdown, secondsSince(phaseStart),
                          (computeCpuSeconds() - cpuStart) / double(device_.threads));
+      sleep.end();
       const double seconds = secondsSince(computeStart);
       report[kComputeSeconds] += seconds;
       if (observations < kMaxObservations) {
@@ -320,11 +347,17 @@ class Run {
     record.loss = lastLoss_ = lossSum / double(config_.train.globalBatch);
     record.idealSamplesPerSecond = balancer_->idealSamplesPerSecond();
     report_->step(record);
-    if (changed) report_->balanceChange(record.step, balancer_->plan());
+    if (changed) {
+      report_->balanceChange(record.step, balancer_->plan());
+      if (timeline::active())
+        timeline::instant(timeline::Lane::Balance, "balance", "new split",
+                          planArgs(balancer_->plan()));
+    }
   }
 
   void evaluateAt(int64_t step, TrainResult& result) {
     drain();  // the split of the test set follows the plan, which must be the same on every rank
+    timeline::Span span(timeline::Lane::Compute, "eval", "evaluate");
     const Evaluation e =
         evaluate(*model_, *testData_, balancer_->plan(), config_.train.globalBatch, *comm_);
     result.testLoss = e.loss;

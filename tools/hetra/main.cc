@@ -99,6 +99,8 @@ int runCommand(int argc, char** argv, std::string& error) {
   runCommand->add_option("--resume", run.resumeDir,
                          "Continue from the checkpoint in this directory");
   runCommand->add_flag("--print-config", run.printConfig, "Print the effective config and exit");
+  runCommand->add_option("--timeline", run.timelinePath,
+                         "Write a Chrome trace of the run here (HETRA_TIMELINE)");
 #endif
 
   try {

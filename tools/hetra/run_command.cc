@@ -22,6 +22,7 @@
 #include "launch/elastic.h"
 #include "launch_command.h"
 #include "rank_group.h"
+#include "timeline_merge.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/report.h"
@@ -160,6 +161,9 @@ void runRank(const RunOptions& options, const train::RunConfig& config, const Ra
   group.crossLink = topology.crossLink;
   const std::string& kind = config.devices[size_t(context.rank)].kind;
   group.vendor = kind == "cuda" ? "nvidia" : kind == "rocm" ? "amd" : "cpu";
+  // Before the communicator, so that its operations end before the timeline goes.
+  RunTimeline timeline(timelinePath(options.timelinePath), context.rank,
+                       config.devices[size_t(context.rank)].name);
   auto comm = comm::Communicator::create(store, context.rank, context.worldSize, group);
   train::TrainerOptions trainer;
   trainer.metricsPath = options.metricsPath;
@@ -168,6 +172,7 @@ void runRank(const RunOptions& options, const train::RunConfig& config, const Ra
   trainer.progressBar = context.rank == 0 && isatty(STDOUT_FILENO);
   train::train(config, comm, trainer);
   comm->barrier()->wait();
+  timeline.finish(*store, context.worldSize, timeout);
 }
 
 // ---- Elastic restarts

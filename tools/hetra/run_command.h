@@ -11,6 +11,7 @@ struct RunOptions {
   std::vector<std::string> sets;  // "key=value" overrides, in order
   std::string metricsPath;
   std::string resumeDir;
+  std::string timelinePath;  // "" = HETRA_TIMELINE's, if any (tools/hetra/timeline_merge.h)
   bool printConfig = false;
 };
 
