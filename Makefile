@@ -95,7 +95,9 @@ test-fuzz: deps
 # The main job: three emulated devices of speeds 1, 1/2 and 1/4 train an MLP on Fashion-MNIST.
 demo: build
 	$(HETRA) probe
-	$(HETRA) run examples/fashion_mnist_hetero.toml --metrics $(BUILD)/demo-metrics.jsonl
+	$(HETRA) run examples/fashion_mnist_hetero.toml --metrics $(BUILD)/demo-metrics.jsonl \
+	  --timeline $(BUILD)/demo-trace.json
+	$(HETRA) report $(BUILD)/demo-metrics.jsonl --timeline $(BUILD)/demo-trace.json -o $(BUILD)/demo-report
 
 # Side-by-side comparison with Open MPI and torch.distributed (gloo); see bench/README.md.
 bench: build

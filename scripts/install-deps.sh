@@ -9,6 +9,8 @@ build_packages=(
   libgtest-dev libgmock-dev libssl-dev zlib1g-dev
   libtorch-dev libopenblas0-pthread dataset-fashion-mnist
   iproute2 clang libclang-rt-14-dev libopenmpi-dev openmpi-bin
+  # hetra report (matplotlib), and its tests: the page in headless chromium, the bar in tmux
+  python3-matplotlib chromium tmux
 )
 bench_packages=(python3 python3-torch)
 

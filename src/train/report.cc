@@ -7,6 +7,7 @@
 #include "balance/balancer.h"
 #include "common/errors.h"
 #include "common/logging.h"
+#include "train/progress.h"
 
 namespace hetra::train {
 namespace {
@@ -109,12 +110,16 @@ void Report::printStepLine(const StepRecord& record) {
   const int64_t every = options_.logEvery, total = options_.totalSteps;
   const bool last = record.step == total;
   if (options_.progressBar) {
-    const int width = 30;
-    const int filled = int(double(width) * double(record.step) / double(total));
-    std::printf("\r[%s%s] %lld/%lld loss %.4f %.0f samples/s split %s   ",
-                std::string(size_t(filled), '#').c_str(),
-                std::string(size_t(width - filled), '.').c_str(), (long long)record.step,
-                (long long)total, record.loss, samplesPerSecond, splitText(record.ranks).c_str());
+    eta_.addStep(record.seconds);
+    const ProgressState state{.step = record.step,
+                              .totalSteps = total,
+                              .epoch = record.epoch,
+                              .loss = record.loss,
+                              .samplesPerSecond = samplesPerSecond,
+                              .secondsLeft = eta_.secondsLeft(total - record.step),
+                              .split = splitText(record.ranks)};
+    // Carriage return, the line, erase to its end: redrawn in place, shorter lines leave nothing.
+    std::printf("\r%s\033[K", progressLine(state, terminalColumns()).c_str());
     if (last) std::printf("\n");
     std::fflush(stdout);
   } else if (every > 0 && (record.step % every == 0 || last)) {
@@ -123,7 +128,9 @@ void Report::printStepLine(const StepRecord& record) {
                 samplesPerSecond, splitText(record.ranks).c_str());
     std::fflush(stdout);
   }
-  if (every > 0 && record.step % (every * 10) == 0 && !last) printDeviceTable(record);
+  // The bar stays one line: its table comes at the end only.
+  if (every > 0 && record.step % (every * 10) == 0 && !last && !options_.progressBar)
+    printDeviceTable(record);
 }
 
 void Report::printDeviceTable(const StepRecord& record) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/timing.h"
+#include "train/progress.h"
 #include "train/trainer.h"
 
 namespace hetra::balance {
@@ -93,6 +94,7 @@ class Report {
   std::ofstream metrics_;
   Clock::time_point lastFlush_ = Clock::now();
   StepRecord last_;
+  EtaEstimator eta_;  // the progress bar's time left
 };
 
 }  // namespace hetra::train

@@ -14,6 +14,7 @@
 #include "launch/heartbeat.h"
 #include "launch_command.h"
 #include "probe_links.h"
+#include "report_command.h"
 #ifdef HETRA_WITH_TORCH
 #include "run_command.h"
 #endif
@@ -88,6 +89,8 @@ int runCommand(int argc, char** argv, std::string& error) {
   cli::addProbeLinksOptions(*probe, probeLinks);
   auto* params = app.add_subcommand("params", "List every HETRA_* parameter with its default");
   auto* launch = cli::addLaunchCommand(app);
+  cli::ReportCommandOptions report;
+  auto* reportCommand = cli::addReportCommand(app, report);
 #ifdef HETRA_WITH_TORCH
   cli::RunOptions run;
   auto* runCommand =
@@ -117,6 +120,7 @@ int runCommand(int argc, char** argv, std::string& error) {
     if (probe->parsed()) return runProbe(probeJson);
     if (params->parsed()) return runParams();
     if (launch->parsed()) return cli::runLaunchCommand(*launch);
+    if (reportCommand->parsed()) return cli::runReport(report);
 #ifdef HETRA_WITH_TORCH
     if (runCommand->parsed())
       return cli::runTraining(run, std::vector<std::string>(argv, argv + argc));

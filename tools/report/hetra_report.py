@@ -12,6 +12,7 @@ import html
 import io
 import json
 import os
+import statistics
 import sys
 
 import matplotlib
@@ -94,7 +95,11 @@ def memory_of(rank):
 
 def figure_throughput(run, ax):
     steps = [r["step"] for r in run.steps]
-    ax.plot(steps, [r["samples_per_s"] for r in run.steps], lw=1, label="samples/s")
+    rates = [r["samples_per_s"] for r in run.steps]
+    ax.plot(steps, rates, lw=0.8, alpha=0.35, color="#4c72b0", label="samples/s, each step")
+    window = max(1, min(15, len(rates) // 10))  # a median: single slow steps do not pull it
+    smooth = [statistics.median(rates[max(0, i - window + 1):i + 1]) for i in range(len(rates))]
+    ax.plot(steps, smooth, lw=1.8, color="#4c72b0", label=f"samples/s, median of {window} steps")
     ideal = [(r["step"], r["ideal_samples_per_s"]) for r in run.steps
              if r.get("ideal_samples_per_s") is not None]
     if ideal:
@@ -109,7 +114,7 @@ def figure_throughput(run, ax):
 
 def mark_balance(run, ax):
     for i, change in enumerate(run.balance):
-        ax.axvline(change["step"], color="k", ls=":", lw=1,
+        ax.axvline(change["step"], color="k", ls=":", lw=0.8, alpha=0.6,
                    label="balancer decision" if i == 0 else None)
     for i, restart in enumerate(run.restarts):
         ax.axvline(max(restart.get("resume_step", 0), 0), color="r", lw=1.5,
@@ -229,10 +234,13 @@ def read_trace(path):
 
 
 def gantt_window(events, steps=3):
-    """The start and end (us) of a few steps of rank 0: the last `steps` whole steps before the
-    last evaluation or checkpoint, where the split has settled."""
-    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                   if e.get("ph") == "X" and e.get("name") == "step" and e.get("pid") == 0)
+    """The start and end (us) of a few steps of the lowest rank in the trace (rank 0 in a merged
+    one): the last `steps` whole steps but the very last, where the split has settled."""
+    step_spans = [e for e in events if e.get("ph") == "X" and e.get("name") == "step"]
+    if not step_spans:
+        return None
+    first = min(e["pid"] for e in step_spans)
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in step_spans if e["pid"] == first)
     if not spans:
         return None
     chosen = spans[-steps - 1:-1] if len(spans) > steps else spans
@@ -244,7 +252,7 @@ def figure_gantt(events, ax):
     names = {e["pid"]: e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name"}
     if window is None:
-        raise ValueError("the timeline has no step of rank 0")
+        raise SystemExit("hetra report: the timeline has no step events")
     start, end = window
     rows = []  # (pid, tid) in order
     for e in events:
@@ -272,7 +280,7 @@ def figure_gantt(events, ax):
     ax.set_yticklabels([f"{names.get(p, p)} {lane.get(t, t)}" for p, t in rows],
                        fontsize="small")
     ax.invert_yaxis()
-    ax.set_xlabel("ms (rank 0's clock, from the first step shown)")
+    ax.set_xlabel("ms from the first step shown (one clock: rank 0's in a merged trace)")
     ax.set_title("A few steps of the timeline")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
 
