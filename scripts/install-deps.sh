@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages hetra needs to build and test, only those missing. Used by `make`.
-#   scripts/install-deps.sh [build|bench]    build: compile and test (default); bench: also the peers
+#   scripts/install-deps.sh [build|bench|image]    build: compile and test (default); bench: also the
+#   peers; image: also buildah and debootstrap
 set -euo pipefail
 
 build_packages=(
@@ -9,11 +10,15 @@ build_packages=(
   libgtest-dev libgmock-dev libssl-dev zlib1g-dev
   libtorch-dev libopenblas0-pthread dataset-fashion-mnist
   iproute2 clang libclang-rt-14-dev libopenmpi-dev openmpi-bin
+  libyaml-cpp-dev  # hetra k8s writes its Volcano Job with yaml-cpp
 )
 bench_packages=(python3 python3-torch)
+# make image: buildah builds the image, debootstrap makes its Debian base (docs/deployment.md).
+image_packages=(buildah debootstrap)
 
 wanted=("${build_packages[@]}")
 [[ "${1:-build}" == bench ]] && wanted+=("${bench_packages[@]}")
+[[ "${1:-build}" == image ]] && wanted+=("${image_packages[@]}")
 
 missing=()
 for pkg in "${wanted[@]}"; do

@@ -1,4 +1,4 @@
-// hetra: one binary, one subcommand per job (run, launch, bench, probe, params).
+// hetra: one binary, one subcommand per job (run, launch, k8s, bench, probe, params).
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -10,6 +10,7 @@
 #include "common/errors.h"
 #include "common/params.h"
 #include "device/probe.h"
+#include "k8s_command.h"
 #include "launch.h"
 #include "launch/heartbeat.h"
 #include "launch_command.h"
@@ -88,6 +89,8 @@ int runCommand(int argc, char** argv, std::string& error) {
   cli::addProbeLinksOptions(*probe, probeLinks);
   auto* params = app.add_subcommand("params", "List every HETRA_* parameter with its default");
   auto* launch = cli::addLaunchCommand(app);
+  cli::K8sOptions k8sOptions;
+  auto* k8s = cli::addK8sCommand(app, k8sOptions);
 #ifdef HETRA_WITH_TORCH
   cli::RunOptions run;
   auto* runCommand =
@@ -99,6 +102,9 @@ int runCommand(int argc, char** argv, std::string& error) {
   runCommand->add_option("--resume", run.resumeDir,
                          "Continue from the checkpoint in this directory");
   runCommand->add_flag("--print-config", run.printConfig, "Print the effective config and exit");
+  runCommand->add_flag("--rank-from-env", run.rankFromEnv,
+                       "Run only the rank the environment names (a pod, an srun step); fail "
+                       "when none is named");
 #endif
 
   try {
@@ -115,6 +121,7 @@ int runCommand(int argc, char** argv, std::string& error) {
     if (probe->parsed()) return runProbe(probeJson);
     if (params->parsed()) return runParams();
     if (launch->parsed()) return cli::runLaunchCommand(*launch);
+    if (k8s->parsed()) return cli::runK8sCommand(k8sOptions);
 #ifdef HETRA_WITH_TORCH
     if (runCommand->parsed())
       return cli::runTraining(run, std::vector<std::string>(argv, argv + argc));

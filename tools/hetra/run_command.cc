@@ -69,6 +69,11 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
   const train::RunConfig config = train::loadConfig(options.configPath, options.sets);
   train::checkModelFits(config);
   auto context = rankFromEnvironment();
+  if (!context && options.rankFromEnv)
+    throw ConfigError(
+        "--rank-from-env: no launcher's variables name a rank here (HETRA_RANK, "
+        "RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID, PMI_RANK, VC_TASK_INDEX; see "
+        "docs/deployment.md)");
   if (!context) {
     if (options.printConfig) {
       std::printf("%s", train::toToml(config).c_str());

@@ -12,6 +12,7 @@ struct RunOptions {
   std::string metricsPath;
   std::string resumeDir;
   bool printConfig = false;
+  bool rankFromEnv = false;  // run only the rank the environment names; fail without one
 };
 
 // Validates the config, then either runs as the rank the environment describes or starts one local
