@@ -3,7 +3,7 @@
 # builds a minimal root from Debian's packages, buildah imports it as a local image.
 #   scripts/debian-base.sh [IMAGE]     (default localhost/hetra-debian12-base)
 # The root is cached as a tarball under HETRA_BASE_CACHE (default /var/tmp/hetra-base), so a second
-# run only imports it; an image already in buildah's store is kept as it is. The root already holds
+# run only imports it; an image in buildah's store made from the same package list is kept. The root holds
 # deploy/runtime-packages.txt, which makes the image build offline and quick; built FROM debian:12
 # instead, the Containerfile installs them itself.
 set -euo pipefail
@@ -13,7 +13,10 @@ cache=${HETRA_BASE_CACHE:-/var/tmp/hetra-base}
 mirror=${HETRA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 here=$(cd "$(dirname "$0")/.." && pwd)
 
-if buildah inspect --type image "$image" >/dev/null 2>&1; then
+packages=$(grep -v '^#' "$here/deploy/runtime-packages.txt" | xargs | tr ' ' ,)
+# An image made from another package list is made again.
+made=$(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "hetra.packages"}}' "$image" 2>/dev/null || true)
+if [[ $made == "$packages" ]]; then
   echo "debian-base: $image is already there"
   exit 0
 fi
@@ -21,7 +24,6 @@ for tool in debootstrap buildah; do
   command -v "$tool" >/dev/null || { echo "debian-base: $tool is not installed (scripts/install-deps.sh image)" >&2; exit 1; }
 done
 
-packages=$(grep -v '^#' "$here/deploy/runtime-packages.txt" | xargs | tr ' ' ,)
 tarball="$cache/debian12-$(echo "$packages" | sha256sum | cut -c1-12).tar"
 if [[ ! -f $tarball ]]; then
   mkdir -p "$cache"
@@ -43,6 +45,6 @@ trap 'buildah rm "$container" >/dev/null 2>&1 || true' EXIT
 mount=$(buildah mount "$container")
 tar -C "$mount" --numeric-owner -xf "$tarball"
 buildah umount "$container" >/dev/null
-buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash "$container"
+buildah config --label hetra.packages="$packages" --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash "$container"
 buildah commit --quiet "$container" "$image" >/dev/null
 echo "debian-base: $image ready"

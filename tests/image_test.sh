@@ -8,12 +8,8 @@
 # under /var/tmp/hetra-base), later runs take seconds plus the demo.
 #   tests/image_test.sh SOURCE_DIR HETRA_BINARY
 set -euo pipefail
-src=$(realpath "$1")
-hetra=$(realpath "$2")
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
+skip() { echo "SKIP: $*" && exit 77; }
+src=$(realpath "$1") hetra=$(realpath "$2")
 command -v buildah >/dev/null || skip "buildah is not installed (scripts/install-deps.sh image)"
 probe=$(buildah from scratch 2>&1) || skip "buildah cannot create a container here: $probe"
 buildah rm "$probe" >/dev/null

@@ -30,19 +30,19 @@ using hetra::test::configError;
 using hetra::test::contains;
 namespace fs = std::filesystem;
 
-// Unsets every variable a launcher or an operator may set (VC_* and PET_* whatever follows) for
-// the duration of a test and restores them after.
+// Unsets every variable a launcher or an operator may set (by prefix: HETRA_, VC_, VK_, PET_,
+// OMPI_, SLURM_, PMI_; and torch's names) for the duration of a test and restores them after.
 class PodEnvironment {
  public:
   PodEnvironment() {
-    std::vector<std::string> names(std::begin(kNames), std::end(kNames));
+    std::vector<std::string> names;
     for (char** entry = environ; *entry != nullptr; ++entry) {
       const std::string variable = *entry;
       const std::string name = variable.substr(0, variable.find('='));
-      if (name.rfind("VC_", 0) == 0 || name.rfind("PET_", 0) == 0) names.push_back(name);
+      if (isLaunchers(name)) names.push_back(name);
     }
     for (const auto& name : names) {
-      if (const char* value = std::getenv(name.c_str())) saved_.emplace_back(name, value);
+      saved_.emplace_back(name, std::getenv(name.c_str()));
       unsetenv(name.c_str());
     }
     dir_ = fs::temp_directory_path() / ("hetra-volcano-" + std::to_string(getpid()));
@@ -66,32 +66,14 @@ class PodEnvironment {
   std::string dir() const { return dir_.string(); }
 
  private:
-  static constexpr const char* kNames[] = {"HETRA_RANK",
-                                           "HETRA_WORLD_SIZE",
-                                           "HETRA_LOCAL_RANK",
-                                           "HETRA_STORE",
-                                           "HETRA_STORE_EXTERNAL",
-                                           "HETRA_JOB_ID",
-                                           "HETRA_MASTER_ADDR",
-                                           "HETRA_MASTER_PORT",
-                                           "MASTER_ADDR",
-                                           "MASTER_PORT",
-                                           "RANK",
-                                           "WORLD_SIZE",
-                                           "LOCAL_RANK",
-                                           "OMPI_COMM_WORLD_RANK",
-                                           "OMPI_COMM_WORLD_SIZE",
-                                           "SLURM_PROCID",
-                                           "SLURM_NTASKS",
-                                           "PMI_RANK",
-                                           "PMI_SIZE",
-                                           "VK_TASK_INDEX",
-                                           "HETRA_VOLCANO_TASK",
-                                           "HETRA_VOLCANO_TASKS",
-                                           "HETRA_VOLCANO_DIR",
-                                           "TORCHELASTIC_RUN_ID",
-                                           "OMPI_MCA_orte_default_hostfile",
-                                           "OMPI_MCA_prte_default_hostfile"};
+  static bool isLaunchers(const std::string& name) {
+    for (const char* prefix : {"HETRA_", "VC_", "VK_", "PET_", "OMPI_", "SLURM_", "PMI_"})
+      if (name.rfind(prefix, 0) == 0) return true;
+    for (const char* torch : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                              "TORCHELASTIC_RUN_ID", "MPI_LOCALRANKID"})
+      if (name == torch) return true;
+    return false;
+  }
   std::vector<std::pair<std::string, std::string>> saved_;
   std::set<std::string> set_;
   fs::path dir_;

@@ -53,6 +53,14 @@ if [[ $status -ne 0 ]]; then
   exit 1
 fi
 
+for index in 0 1 2; do
+  grep -q "rank $index of 3 from volcano's environment, store 127.0.0.1:$port" "$work/pod$index.log" || {
+    echo "FAIL: pod $index did not take rank $index from Volcano's variables:"
+    tail -15 "$work/pod$index.log"
+    exit 1
+  }
+done
+
 /usr/bin/python3 - "$work/run.jsonl" "$work/pods.jsonl" "$steps" <<'PY'
 import json, sys
 def losses(path):

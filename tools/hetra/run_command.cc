@@ -106,6 +106,9 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
                           " devices but HETRA_WORLD_SIZE is ", context->worldSize,
                           "; run one rank per [[devices]] entry"));
   log::setRank(context->rank);
+  if (options.rankFromEnv)
+    HETRA_INFO("cli", "rank ", context->rank, " of ", context->worldSize, " from ",
+               context->launcher, "'s environment, store ", context->storeAddress);
   runRank(rankOptions, rankConfig, *context, restarted);
   return 0;
 }
