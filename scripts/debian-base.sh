@@ -3,9 +3,9 @@
 # builds a minimal root from Debian's packages, buildah imports it as a local image.
 #   scripts/debian-base.sh [IMAGE]     (default localhost/hetra-debian12-base)
 # The root is cached as a tarball under HETRA_BASE_CACHE (default /var/tmp/hetra-base), so a second
-# run only imports it; an image in buildah's store made from the same package list is kept. The root holds
-# deploy/runtime-packages.txt, which makes the image build offline and quick; built FROM debian:12
-# instead, the Containerfile installs them itself.
+# run only imports it; an image in buildah's store made from the same package list is kept. The
+# root holds deploy/runtime-packages.txt, which makes the image build offline and quick; built FROM
+# debian:12 instead, the Containerfile installs them itself.
 set -euo pipefail
 
 image=${1:-localhost/hetra-debian12-base}
@@ -15,13 +15,15 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=$(grep -v '^#' "$here/deploy/runtime-packages.txt" | xargs | tr ' ' ,)
 # An image made from another package list is made again.
-made=$(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "hetra.packages"}}' "$image" 2>/dev/null || true)
+made=$(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "hetra.packages"}}' \
+  "$image" 2>/dev/null || true)
 if [[ $made == "$packages" ]]; then
   echo "debian-base: $image is already there"
   exit 0
 fi
 for tool in debootstrap buildah; do
-  command -v "$tool" >/dev/null || { echo "debian-base: $tool is not installed (scripts/install-deps.sh image)" >&2; exit 1; }
+  command -v "$tool" >/dev/null ||
+    { echo "debian-base: $tool is not installed (scripts/install-deps.sh image)" >&2; exit 1; }
 done
 
 tarball="$cache/debian12-$(echo "$packages" | sha256sum | cut -c1-12).tar"
@@ -45,6 +47,7 @@ trap 'buildah rm "$container" >/dev/null 2>&1 || true' EXIT
 mount=$(buildah mount "$container")
 tar -C "$mount" --numeric-owner -xf "$tarball"
 buildah umount "$container" >/dev/null
-buildah config --label hetra.packages="$packages" --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash "$container"
+buildah config --label hetra.packages="$packages" --cmd /bin/bash \
+  --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$container"
 buildah commit --quiet "$container" "$image" >/dev/null
 echo "debian-base: $image ready"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages hetra needs to build and test, only those missing. Used by `make`.
-#   scripts/install-deps.sh [build|bench|image]    build: compile and test (default); bench: also the
-#   peers; image: also buildah and debootstrap
+#   scripts/install-deps.sh [build|bench|image]    build: compile and test (default);
+#     bench: also the peers; image: also buildah and debootstrap (make image)
 set -euo pipefail
 
 build_packages=(
