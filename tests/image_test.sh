@@ -4,8 +4,8 @@
 # then examples/fashion_mnist_hetero.toml (shortened to 60 steps), the dataset mounted read-only.
 # Also checks what the image holds: the entry point hetra, no compiler. Skipped (exit 77, with the
 # reason) where buildah or, for a first run, debootstrap cannot run; never passes without building.
-# The first run makes the Debian base with debootstrap (about 5 minutes with a near mirror; cached
-# under /var/tmp/hetra-base), later runs take seconds plus the demo.
+# The first run makes the Debian base with debootstrap (here 5.5 minutes, then a minute to import
+# it; cached under /var/tmp/hetra-base and in buildah's store); later runs took 16 s, demo included.
 #   tests/image_test.sh SOURCE_DIR HETRA_BINARY
 set -euo pipefail
 skip() { echo "SKIP: $*" && exit 77; }

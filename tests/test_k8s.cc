@@ -94,6 +94,7 @@ kind = "rocm"
 TEST(K8sManifest, FashionMnistHeteroFieldByField) {
   cli::K8sOptions options;
   options.configPath = kExample;
+  options.sets = {"train.lr=0.05"};
   const auto docs = parse(cli::k8sManifest(options, kSecret));
   ASSERT_EQ(docs.size(), 3u);
 
@@ -106,8 +107,9 @@ TEST(K8sManifest, FashionMnistHeteroFieldByField) {
   any.cuda = any.rocm = true;
   const auto carried =
       train::parseConfig(configMap["data"]["config.toml"].as<std::string>(), "ConfigMap", {}, any);
-  const auto direct = train::loadConfig(kExample, {}, any);
+  const auto direct = train::loadConfig(kExample, {"train.lr=0.05"}, any);
   EXPECT_TRUE(carried == direct);
+  EXPECT_EQ(carried.train.lr, 0.05);  // the --set reaches the pods
   ASSERT_EQ(carried.devices.size(), 3u);
   EXPECT_EQ(carried.devices[2].name, "quarter");
 

@@ -4,7 +4,7 @@
 // Volcano (batch.volcano.sh Job with the env and svc plugins):
 //   VC_TASK_INDEX (older: VK_TASK_INDEX)   the pod's index in its task (env plugin)
 //   /etc/volcano/<task>.host, <task>.num    every task's pod hosts, one a line (svc plugin's
-//                                           ConfigMap); read first: the variables can be disabled
+//                                           ConfigMap); read first, the variables where none is
 //   VC_<TASK>_HOSTS, VC_<TASK>_NUM          the same as variables, comma-separated (svc plugin);
 //                                           TASK upper-cased, '-' as '_'
 //   Global rank order: task by task, in the order HETRA_VOLCANO_TASKS lists them (hetra k8s writes
