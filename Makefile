@@ -7,7 +7,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 HETRA := $(BUILD)/tools/hetra/hetra
 
-.PHONY: all deps build test test-asan test-asan-train test-tsan test-fuzz test-mpi build-cuda demo bench format clean
+.PHONY: all deps build test test-asan test-asan-train test-tsan test-fuzz test-mpi build-cuda demo bench image format clean
 
 all: build
 
@@ -103,6 +103,13 @@ demo: build
 bench: build
 	@scripts/install-deps.sh bench
 	bench/compare_allreduce.sh
+
+# The CPU container image from the binary `make` built (docs/deployment.md): buildah bud, chroot
+# isolation; the base is a Debian 12 root made by debootstrap (cached) unless IMAGE_BASE names one.
+IMAGE ?= localhost/hetra:cpu
+IMAGE_BASE ?= localhost/hetra-debian12-base
+image: build
+	scripts/build-image.sh $(HETRA) $(IMAGE) $(IMAGE_BASE)
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

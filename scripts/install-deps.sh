@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages hetra needs to build and test, only those missing. Used by `make`.
-#   scripts/install-deps.sh [build|bench]    build: compile and test (default); bench: also the peers
+#   scripts/install-deps.sh [build|bench]    build: compile, test and make image (default);
+#     bench: also the peers
 set -euo pipefail
 
 build_packages=(
@@ -11,6 +12,9 @@ build_packages=(
   iproute2 clang libclang-rt-14-dev libopenmpi-dev openmpi-bin
   # hetra report (matplotlib), and its tests: the page in headless chromium, the bar in tmux
   python3-matplotlib chromium tmux
+  libyaml-cpp-dev  # hetra k8s writes its Volcano Job with yaml-cpp
+  # make image and its test: buildah builds the image, debootstrap makes its Debian base
+  buildah debootstrap
 )
 bench_packages=(python3 python3-torch)
 

@@ -6,12 +6,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <vector>
 
 #include "common/errors.h"
 #include "common/params.h"
+#include "launch/scheduler_environment.h"
 #include "store/tcp_store.h"
 
 namespace hetra::launch {
@@ -95,7 +97,10 @@ int masterPort() {
   return kDefaultMasterPort;
 }
 
-std::string storeFromEnvironment(const RankContext& context, const Flavour& flavour) {
+// `rankVariable` names the launcher's rank variable in errors; `rankZeroHost`, when the launcher
+// names every rank's host, serves the store unless a variable says otherwise.
+std::string storeFromEnvironment(const RankContext& context, const char* rankVariable,
+                                 const std::string& rankZeroHost = "") {
   if (auto store = environmentValue(kStore.env())) {
     const auto torch = torchPort();
     if (torch && !context.storeExternal && store::parseHostPort(*store).port == *torch)
@@ -106,12 +111,28 @@ std::string storeFromEnvironment(const RankContext& context, const Flavour& flav
   }
   auto host = environmentValue(kMasterAddr.env());
   if (!host) host = environmentValue(kTorchMasterAddr);
+  if (!host && !rankZeroHost.empty()) host = rankZeroHost;
   if (host) return str(*host, ":", masterPort());
   if (context.worldSize > 1)
-    throw ConfigError(str(flavour.rank,
+    throw ConfigError(str(rankVariable,
                           " is set but HETRA_STORE (host:port of the job's store) is ",
                           "not; set it, or HETRA_MASTER_ADDR (or MASTER_ADDR) to rank 0's host"));
   return "";
+}
+
+// One rank per pod; ranks that share a host (an emulated job) count as its local ranks.
+RankContext volcanoContext(const VolcanoRank& volcano) {
+  RankContext context;
+  context.launcher = "volcano";
+  context.rank = volcano.rank;
+  context.worldSize = int(volcano.hosts.size());
+  const auto& hosts = volcano.hosts;
+  context.localRank =
+      int(std::count(hosts.begin(), hosts.begin() + volcano.rank, hosts[size_t(volcano.rank)]));
+  context.storeExternal = kStoreExternal.flag();
+  context.storeAddress = storeFromEnvironment(context, "VC_TASK_INDEX", hosts.front());
+  context.jobId = kJobId.str();
+  return context;
 }
 
 }  // namespace
@@ -125,6 +146,7 @@ std::optional<RankContext> rankFromEnvironment() {
     }
   }
   if (found == nullptr) {
+    if (auto volcano = volcanoRank()) return volcanoContext(*volcano);
     // A world size alone is a half-written hetra environment, not "no launcher".
     if (environmentValue(kWorldSize.env()))
       throw ConfigError("HETRA_WORLD_SIZE is set but HETRA_RANK is not");
@@ -132,7 +154,8 @@ std::optional<RankContext> rankFromEnvironment() {
   }
   const Flavour& flavour = *found;
   RankContext context;
-  context.launcher = flavour.launcher;
+  context.launcher =
+      flavour.launcher == std::string("torchrun") ? torchVariablesLauncher() : flavour.launcher;
   context.rank = parseNumber(flavour.rank, *environmentValue(flavour.rank));
   const auto size = environmentValue(flavour.size);
   if (!size) throw ConfigError(str(flavour.rank, " is set but ", flavour.size, " is not"));
@@ -152,7 +175,7 @@ std::optional<RankContext> rankFromEnvironment() {
     }
   }
   context.storeExternal = kStoreExternal.flag();
-  context.storeAddress = storeFromEnvironment(context, flavour);
+  context.storeAddress = storeFromEnvironment(context, flavour.rank);
   context.jobId = kJobId.str();
   return context;
 }

@@ -9,6 +9,10 @@
 //   PMI (MPICH's hydra, others):            PMI_RANK, PMI_SIZE (local rank MPI_LOCALRANKID)
 // torchrun goes before Open MPI and Slurm: torchrun started under srun sees both, and its RANK is
 // the rank of the process (SLURM_PROCID is the agent's).
+//   Volcano (VC_TASK_INDEX and the svc plugin's hosts; launcher "volcano") comes last: a pod's
+// variables describe the pod, and a launcher started inside it describes its processes. A
+// Kubeflow PyTorchJob's RANK reads as torchrun's (launcher "pytorchjob"); scheduler_environment.h
+// says what each operator sets and the global rank order of a Volcano job.
 //
 // The store is HETRA_STORE=host:port. Without it, HETRA_MASTER_ADDR or MASTER_ADDR names rank 0's
 // host, and the port is HETRA_MASTER_PORT; else MASTER_PORT + 1 (MASTER_PORT - 1 for 65535); else

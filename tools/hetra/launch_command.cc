@@ -10,6 +10,7 @@
 #include "common/errors.h"
 #include "launch/local_job.h"
 #include "launch/rank_environment.h"
+#include "launch/scheduler_environment.h"
 #include "launch/supervision.h"
 #include "store/tcp_store.h"
 
@@ -173,6 +174,10 @@ LaunchOptions parseLaunchArguments(const std::vector<std::string>& args) {
   }
   o.program.assign(args.begin() + std::ptrdiff_t(std::min(i, args.size())), args.end());
   if (hostList && hostfile) throw ConfigError("launch: give -H or --hostfile, not both");
+  // In a Kubeflow MPIJob's launcher pod, the operator's hostfile (as mpirun itself would take it).
+  if (!hostList && !hostfile) {
+    if (auto path = launch::operatorHostfile()) o.hosts = parseHostfile(readFile(*path), *path);
+  }
   if (o.program.empty()) throw ConfigError(str("launch: no program to run\n", kUsage));
   if (o.hosts.empty() && o.np == 0)
     throw ConfigError(str("launch: -np N is required without hosts\n", kUsage));

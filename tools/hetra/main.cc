@@ -1,4 +1,4 @@
-// hetra: one binary, one subcommand per job (run, launch, bench, probe, params).
+// hetra: one binary, one subcommand per job (run, launch, k8s, bench, probe, params).
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -10,6 +10,7 @@
 #include "common/errors.h"
 #include "common/params.h"
 #include "device/probe.h"
+#include "k8s_command.h"
 #include "launch.h"
 #include "launch/heartbeat.h"
 #include "launch_command.h"
@@ -91,6 +92,8 @@ int runCommand(int argc, char** argv, std::string& error) {
   auto* launch = cli::addLaunchCommand(app);
   cli::ReportCommandOptions report;
   auto* reportCommand = cli::addReportCommand(app, report);
+  cli::K8sOptions k8sOptions;
+  auto* k8s = cli::addK8sCommand(app, k8sOptions);
 #ifdef HETRA_WITH_TORCH
   cli::RunOptions run;
   auto* runCommand =
@@ -104,6 +107,9 @@ int runCommand(int argc, char** argv, std::string& error) {
   runCommand->add_flag("--print-config", run.printConfig, "Print the effective config and exit");
   runCommand->add_option("--timeline", run.timelinePath,
                          "Write a Chrome trace of the run here (HETRA_TIMELINE)");
+  runCommand->add_flag("--rank-from-env", run.rankFromEnv,
+                       "Run only the rank the environment names (a pod, an srun step); fail "
+                       "when none is named");
 #endif
 
   try {
@@ -121,6 +127,7 @@ int runCommand(int argc, char** argv, std::string& error) {
     if (params->parsed()) return runParams();
     if (launch->parsed()) return cli::runLaunchCommand(*launch);
     if (reportCommand->parsed()) return cli::runReport(report);
+    if (k8s->parsed()) return cli::runK8sCommand(k8sOptions);
 #ifdef HETRA_WITH_TORCH
     if (runCommand->parsed())
       return cli::runTraining(run, std::vector<std::string>(argv, argv + argc));

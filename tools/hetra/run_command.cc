@@ -70,6 +70,11 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
   const train::RunConfig config = train::loadConfig(options.configPath, options.sets);
   train::checkModelFits(config);
   auto context = rankFromEnvironment();
+  if (!context && options.rankFromEnv)
+    throw ConfigError(
+        "--rank-from-env: no launcher's variables name a rank here (HETRA_RANK, "
+        "RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID, PMI_RANK, VC_TASK_INDEX; see "
+        "docs/deployment.md)");
   if (!context) {
     if (options.printConfig) {
       std::printf("%s", train::toToml(config).c_str());
@@ -102,6 +107,9 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
                           " devices but HETRA_WORLD_SIZE is ", context->worldSize,
                           "; run one rank per [[devices]] entry"));
   log::setRank(context->rank);
+  if (options.rankFromEnv)
+    HETRA_INFO("cli", "rank ", context->rank, " of ", context->worldSize, " from ",
+               context->launcher, "'s environment, store ", context->storeAddress);
   runRank(rankOptions, rankConfig, *context, restarted);
   return 0;
 }

@@ -13,6 +13,7 @@ struct RunOptions {
   std::string resumeDir;
   std::string timelinePath;  // "" = HETRA_TIMELINE's, if any (tools/hetra/timeline_merge.h)
   bool printConfig = false;
+  bool rankFromEnv = false;  // run only the rank the environment names; fail without one
 };
 
 // Validates the config, then either runs as the rank the environment describes or starts one local
