@@ -9,6 +9,8 @@ build_packages=(
   libgtest-dev libgmock-dev libssl-dev zlib1g-dev
   libtorch-dev libopenblas0-pthread dataset-fashion-mnist
   iproute2 clang libclang-rt-14-dev libopenmpi-dev openmpi-bin
+  # The Python module hetra._core and its tests (make test-python; pip install into a venv)
+  python3-dev pybind11-dev python3-pytest python3-venv python3-torch
 )
 bench_packages=(python3 python3-torch)
 

@@ -1,0 +1,53 @@
+"""One rank of the exactness tests: trains problem.py on a fixed uneven split through
+hetra.torch's DistributedOptimizer or DDP on backend="hetra" (weighted hook or DDP's default), and
+saves its gradients after the first step and its final parameters.
+
+    train_uneven.py MODE OPTIMIZER SHARES OUTDIR     MODE: distopt, ddp-weighted, ddp-default
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import problem  # noqa: E402
+
+import hetra.torch as ht  # noqa: E402
+
+mode, opt_name, shares, outdir = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+ht.init(timeout=60)
+x, y = problem.data()
+sampler = ht.HeteroSampler(problem.GLOBAL_BATCH, problem.GLOBAL_BATCH, seed=11,
+                           batches=[int(s) for s in shares.split(",")])
+net = problem.model()
+if mode == "distopt":
+    opt = ht.DistributedOptimizer(problem.optimizer(opt_name, net.parameters()), net,
+                                  sampler=sampler, bucket_bytes=256)  # several buckets
+    ht.broadcast_parameters(net.state_dict())
+    ht.broadcast_optimizer_state(opt)
+    trained = net
+else:
+    dist.init_process_group("hetra")
+    trained = torch.nn.parallel.DistributedDataParallel(net)
+    if mode == "ddp-weighted":
+        trained.register_comm_hook(ht.WeightedHookState(sampler), ht.weighted_allreduce_hook)
+    elif mode != "ddp-default":
+        raise SystemExit(f"mode {mode!r}; allowed: distopt, ddp-weighted, ddp-default")
+    opt = problem.optimizer(opt_name, trained.parameters())
+
+first = None
+seen = []
+for step in range(problem.STEPS):
+    for indices in sampler:  # one pass: exactly one step, since the data set is one global batch
+        seen.append(list(indices))
+        opt.zero_grad()
+        problem.loss(trained, x[indices], y[indices]).backward()
+        opt.step()
+        if step == 0:
+            first = [p.grad.clone() for p in net.parameters()]
+
+torch.save({"grads": first, "params": [p.detach().clone() for p in net.parameters()],
+            "indices": seen}, os.path.join(outdir, f"rank{ht.rank()}.pt"))
+if mode != "distopt":
+    dist.destroy_process_group()
