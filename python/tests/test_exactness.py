@@ -18,7 +18,7 @@ SPLITS = ["29,11,4", "42,1,1"]
 
 def train(tmp_path, mode, opt_name, shares):
     run_ranks("train_uneven.py", 3, [mode, opt_name, shares, str(tmp_path)],
-              torch_env=mode != "distopt").check()
+              torch_env=mode.startswith("ddp")).check()
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(3)]
 
 
@@ -48,6 +48,18 @@ def test_uneven_split_trains_the_full_batch(tmp_path, mode, opt_name, shares):
     for got, want in zip(results[0]["params"], final):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     assert_bitwise_equal_on_every_rank(results, "grads")
+    assert_bitwise_equal_on_every_rank(results, "params")
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_micro_batches_under_a_memory_cap_train_the_full_batch(tmp_path, opt_name):
+    # Every rank's cap is 5 samples: rank 0's 29 run as 6 micro-batches, accumulated in one step.
+    results = train(tmp_path, "distopt-micro", opt_name, "29,11,4")
+    first, final = problem.reference(opt_name)
+    for got, want in zip(results[0]["grads"], first):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    for got, want in zip(results[0]["params"], final):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     assert_bitwise_equal_on_every_rank(results, "params")
 
 

@@ -10,6 +10,7 @@ is g_i = (1/b_i) sum of the per-sample gradients; the full batch's is G = (1/B) 
 samples = sum_i (b_i / B) g_i. Each rank scales its buffer by b_i / B and the allreduce sums, so
 every rank receives the same bytes (and, with the same parameters, takes the same step).
 """
+import contextlib
 import time
 
 import torch
@@ -71,6 +72,7 @@ class DistributedOptimizer:
         for bucket in self._buckets:
             for p in bucket.params:
                 self._hooks.append(_grad_ready_hook(p, lambda b=bucket: self._grad_ready(b)))
+        self._syncing = True
         self.steps = 0
         self.compute_seconds = []  # this rank's compute time of each step (the balancer's input)
         self._restart_phase()
@@ -98,11 +100,23 @@ class DistributedOptimizer:
             return 1.0 / self._comm.size
         return self._sampler.share(self.steps) / self._sampler.global_batch
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate into .grad (micro-batches of one step); the
+        first backward after it sends the accumulated gradients (DDP's no_sync)."""
+        self._syncing = False
+        try:
+            yield
+        finally:
+            self._syncing = True
+
     def _grad_ready(self, bucket):
+        if not self._syncing:
+            return
         bucket.ready += 1
         if bucket.ready > len(bucket.params):
-            raise RuntimeError("a gradient arrived twice before step(): call step() (or "
-                               "zero_grad()) after each backward()")
+            raise RuntimeError("a gradient arrived twice before step(): call step() after each "
+                               "backward(), or accumulate micro-batches inside no_sync()")
         # A slow device's gradients leave only once its phase has been stretched (in step()).
         if bucket.ready == len(bucket.params) and self._emulator is None:
             self._launch(bucket)

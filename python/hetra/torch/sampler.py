@@ -11,7 +11,7 @@ stay valid (a change that would invalidate one raises instead).
 import os
 
 from hetra import _core
-from hetra.torch import _runtime
+from hetra.torch import _runtime, ops
 
 _NO_CAP = 1 << 62  # "no memory cap" for the balancer
 
@@ -46,6 +46,18 @@ def _equal_split(total, ranks):
     return [total // ranks + (1 if r < total % ranks else 0) for r in range(ranks)]
 
 
+def _at_least_one(shares):
+    """The balancer may plan no samples for a very slow rank; hetra.torch keeps every rank in every
+    step (its step() and collectives run anyway), with one sample from the largest share."""
+    shares = list(shares)
+    for r, share in enumerate(shares):
+        if share < 1:
+            largest = max(range(len(shares)), key=lambda i: shares[i])
+            shares[largest] -= 1 - share
+            shares[r] = 1
+    return shares
+
+
 class HeteroSampler:
     """Yields one list of dataset indices per global step: this rank's share of it.
 
@@ -59,7 +71,7 @@ class HeteroSampler:
     _latest = None  # DistributedOptimizer's default sampler: the one made last
 
     def __init__(self, dataset_len, global_batch, seed=0, batches=None, lookahead=4,
-                 balance=None, comm=None):
+                 balance=None, max_micro_batch=None, comm=None):
         self._comm = comm if comm is not None else _runtime.init().comm
         size = self._comm.size
         if global_batch < size:
@@ -73,6 +85,12 @@ class HeteroSampler:
         self.global_batch = int(global_batch)
         self.lookahead = int(lookahead)
         self._stream = _core.GlobalSampler(int(dataset_len), self.global_batch, int(seed))
+        # Every rank's memory cap (most samples per micro-batch), known to all: the balancer plans
+        # with them, and micro_batches() cuts this rank's share by its own.
+        mine = float(max_micro_batch) if max_micro_batch is not None else float(_NO_CAP)
+        if max_micro_batch is not None and max_micro_batch < 1:
+            raise ValueError(f"max_micro_batch={max_micro_batch}; allowed: >= 1 or None (no cap)")
+        self.max_micro_batches = [int(row[0]) for row in ops.allgather_floats([mine], self._comm)]
         self._balancer = None
         if batches is not None:
             batches = [int(b) for b in batches]
@@ -82,7 +100,7 @@ class HeteroSampler:
             initial = batches
         else:
             mode = balance if balance is not None else os.environ.get("HETRA_BALANCE_MODE", "")
-            self._balancer = _core.Balancer(self.global_batch, [_NO_CAP] * size, mode)
+            self._balancer = _core.Balancer(self.global_batch, self.max_micro_batches, mode)
             initial = [r.batch for r in self._balancer.plan.ranks]
             if initial != _equal_split(self.global_batch, size):  # the balancer's own contract
                 raise RuntimeError(f"the balancer's first plan {initial} is not the equal split")
@@ -110,6 +128,23 @@ class HeteroSampler:
         """This rank's dataset indices at global `step`."""
         return self._stream.indices(step, self.schedule.shares_at(step), self._comm.rank)
 
+    def micro_batches(self, indices):
+        """`indices` (one step's share) cut into micro-batches of at most this rank's cap (the
+        balancer's micro-batch when it plans one). Accumulate them in one step:
+
+            for i, micro in enumerate(batches := sampler.micro_batches(indices)):
+                with opt.no_sync() if i < len(batches) - 1 else contextlib.nullcontext():
+                    (loss(x[micro], y[micro]) * len(micro) / len(indices)).backward()
+            opt.step()
+
+        Scaling each micro-batch's mean loss by its part of the share keeps the sum the share's
+        mean loss, so the weighting stays exact."""
+        cap = self.max_micro_batches[self._comm.rank]
+        if self._balancer is not None:
+            cap = min(cap, self._balancer.plan.ranks[self._comm.rank].micro_batch)
+        indices = list(indices)
+        return [indices[i:i + cap] for i in range(0, len(indices), cap)]
+
     def share(self, step):
         """This rank's share of global `step` (its weight in the gradient is share / global_batch)."""
         return self.schedule.shares_at(step)[self._comm.rank]
@@ -128,7 +163,7 @@ class HeteroSampler:
                 raise RuntimeError(f"the split changes at step {first} but the loader already "
                                    f"took step {self._next_step - 1}: make lookahead (now "
                                    f"{self.lookahead}) at least the loader's prefetch depth")
-            self.schedule.change(first, [r.batch for r in self._balancer.plan.ranks])
+            self.schedule.change(first, _at_least_one([r.batch for r in self._balancer.plan.ranks]))
 
     @property
     def plan(self):

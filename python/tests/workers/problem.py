@@ -7,16 +7,17 @@ GLOBAL_BATCH = 44
 STEPS = 20
 
 
-def data():
+def data(samples=GLOBAL_BATCH, features=8):
     g = torch.Generator().manual_seed(7)
-    x = torch.randn(GLOBAL_BATCH, 8, generator=g)
-    y = torch.randint(0, 3, (GLOBAL_BATCH,), generator=g)
+    x = torch.randn(samples, features, generator=g)
+    y = torch.randint(0, 3, (samples,), generator=g)
     return x, y
 
 
-def model():
+def model(features=8, hidden=16):
     torch.manual_seed(3)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.Tanh(),
+                               torch.nn.Linear(hidden, 3))
 
 
 def optimizer(name, params):
@@ -31,13 +32,13 @@ def loss(net, x, y):
     return torch.nn.functional.cross_entropy(net(x), y)  # a mean over the samples given
 
 
-def reference(name):
+def reference(name, samples=GLOBAL_BATCH, features=8, hidden=16, steps=STEPS):
     """Full-batch training in one process: (gradients after the first step, final parameters)."""
-    x, y = data()
-    net = model()
+    x, y = data(samples, features)
+    net = model(features, hidden)
     opt = optimizer(name, net.parameters())
     first = None
-    for step in range(STEPS):
+    for step in range(steps):
         opt.zero_grad()
         loss(net, x, y).backward()
         if step == 0:

@@ -2,8 +2,11 @@
 hetra.torch's DistributedOptimizer or DDP on backend="hetra" (weighted hook or DDP's default), and
 saves its gradients after the first step and its final parameters.
 
-    train_uneven.py MODE OPTIMIZER SHARES OUTDIR     MODE: distopt, ddp-weighted, ddp-default
+    train_uneven.py MODE OPTIMIZER SHARES OUTDIR
+MODE: distopt, distopt-micro (micro-batches of at most 5 samples, the memory cap of every rank),
+ddp-weighted, ddp-default.
 """
+import contextlib
 import os
 import sys
 
@@ -19,9 +22,10 @@ mode, opt_name, shares, outdir = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv
 ht.init(timeout=60)
 x, y = problem.data()
 sampler = ht.HeteroSampler(problem.GLOBAL_BATCH, problem.GLOBAL_BATCH, seed=11,
-                           batches=[int(s) for s in shares.split(",")])
+                           batches=[int(s) for s in shares.split(",")],
+                           max_micro_batch=5 if mode == "distopt-micro" else None)
 net = problem.model()
-if mode == "distopt":
+if mode.startswith("distopt"):
     opt = ht.DistributedOptimizer(problem.optimizer(opt_name, net.parameters()), net,
                                   sampler=sampler, bucket_bytes=256)  # several buckets
     ht.broadcast_parameters(net.state_dict())
@@ -33,7 +37,8 @@ else:
     if mode == "ddp-weighted":
         trained.register_comm_hook(ht.WeightedHookState(sampler), ht.weighted_allreduce_hook)
     elif mode != "ddp-default":
-        raise SystemExit(f"mode {mode!r}; allowed: distopt, ddp-weighted, ddp-default")
+        raise SystemExit(f"mode {mode!r}; allowed: distopt, distopt-micro, ddp-weighted, "
+                         f"ddp-default")
     opt = problem.optimizer(opt_name, trained.parameters())
 
 first = None
@@ -42,12 +47,18 @@ for step in range(problem.STEPS):
     for indices in sampler:  # one pass: exactly one step, since the data set is one global batch
         seen.append(list(indices))
         opt.zero_grad()
-        problem.loss(trained, x[indices], y[indices]).backward()
+        micro = sampler.micro_batches(indices)
+        if mode == "distopt-micro" and max(len(m) for m in micro) > 5:
+            raise SystemExit(f"a micro-batch above the cap: {[len(m) for m in micro]}")
+        for i, part in enumerate(micro):
+            last = i == len(micro) - 1
+            with contextlib.nullcontext() if last or mode != "distopt-micro" else opt.no_sync():
+                (problem.loss(trained, x[part], y[part]) * len(part) / len(indices)).backward()
         opt.step()
         if step == 0:
             first = [p.grad.clone() for p in net.parameters()]
 
 torch.save({"grads": first, "params": [p.detach().clone() for p in net.parameters()],
             "indices": seen}, os.path.join(outdir, f"rank{ht.rank()}.pt"))
-if mode != "distopt":
+if not mode.startswith("distopt"):
     dist.destroy_process_group()
