@@ -56,10 +56,8 @@ class DistributedOptimizer:
         self._comm = comm if comm is not None else _runtime.init().comm
         self._sampler = sampler if sampler is not None else HeteroSampler.latest()
         self._compression = compression
-        if not slowdown >= 1.0:
-            raise ValueError(f"slowdown={slowdown}; allowed: >= 1 (1: the real speed)")
-        self._slowdown = float(slowdown)
-        self._emulator = _core.SlowdownEmulator() if self._slowdown > 1.0 else None
+        self.slowdown = slowdown  # may change between steps (a device that slows down mid-run)
+        self._emulator = _core.SlowdownEmulator()
         params = [p for group in optimizer.param_groups for p in group["params"]
                   if p.requires_grad]
         if model is not None:
@@ -91,6 +89,16 @@ class DistributedOptimizer:
             buckets.append(_Bucket(current))
         return buckets
 
+    @property
+    def slowdown(self):
+        return self._slowdown
+
+    @slowdown.setter
+    def slowdown(self, factor):
+        if not factor >= 1.0:
+            raise ValueError(f"slowdown={factor}; allowed: >= 1 (1: the real speed)")
+        self._slowdown = float(factor)
+
     def _restart_phase(self):
         self._phase_wall = time.perf_counter()
         self._phase_work = time.thread_time()
@@ -118,7 +126,7 @@ class DistributedOptimizer:
             raise RuntimeError("a gradient arrived twice before step(): call step() after each "
                                "backward(), or accumulate micro-batches inside no_sync()")
         # A slow device's gradients leave only once its phase has been stretched (in step()).
-        if bucket.ready == len(bucket.params) and self._emulator is None:
+        if bucket.ready == len(bucket.params) and self._slowdown == 1.0:
             self._launch(bucket)
 
     def _launch(self, bucket):
@@ -150,7 +158,7 @@ class DistributedOptimizer:
 
     def step(self, closure=None):
         wall = time.perf_counter() - self._phase_wall
-        if self._emulator is not None:
+        if self._slowdown > 1.0:
             self._emulator.end_phase(self._slowdown, wall, time.thread_time() - self._phase_work)
             wall = time.perf_counter() - self._phase_wall
         self.compute_seconds.append(wall)
