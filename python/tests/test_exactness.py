@@ -63,6 +63,22 @@ def test_micro_batches_under_a_memory_cap_train_the_full_batch(tmp_path, opt_nam
     assert_bitwise_equal_on_every_rank(results, "params")
 
 
+@pytest.mark.parametrize("mode", ["distopt-bf16", "ddp-bf16"])
+def test_bf16_compressed_gradients_stay_near_the_full_batch(tmp_path, mode):
+    # bf16 keeps 8 bits of mantissa (unit roundoff 2^-8): the gradients are the full batch's to
+    # that precision, the parameters after 20 steps close to it, and alike on every rank.
+    results = train(tmp_path, mode, "sgd", "29,11,4")
+    first, final = problem.reference("sgd")
+    for got, want in zip(results[0]["grads"], first):
+        scale = float(want.abs().max())
+        error = float((got - want).abs().max())
+        # Within bf16's bound, and beyond float32's rounding: the codec really ran.
+        assert 1e-5 * scale < error <= 4 * 2.0 ** -8 * scale, (error, scale)
+    for got, want in zip(results[0]["params"], final):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)
+    assert_bitwise_equal_on_every_rank(results, "params")
+
+
 @pytest.mark.parametrize("shares", SPLITS)
 def test_ddp_default_weighting_is_detected_as_biased(tmp_path, shares):
     results = train(tmp_path, "ddp-default", "sgd", shares)

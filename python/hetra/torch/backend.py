@@ -133,12 +133,24 @@ def register():
 
 class WeightedHookState:
     """State of `weighted_allreduce_hook`: the sampler whose shares weight each rank's gradients
-    (b_i / B) and the step DDP is at (counted by the hook, one per backward)."""
+    (b_i / B) and the step DDP is at (counted by the hook, one per backward). `compression` (fp16,
+    bf16, fp8-e4m3, fp8-e5m2; the process group must be hetra's) puts float32 buckets of at least
+    `min_bytes` on the wire encoded, with error feedback kept per bucket."""
 
-    def __init__(self, sampler, process_group=None):
+    def __init__(self, sampler, process_group=None, compression="none", min_bytes=65536):
         self.sampler = sampler
         self.process_group = process_group
+        self.compression = compression
+        self.min_bytes = min_bytes
+        self.residuals = {}  # bucket index -> error feedback state
         self.step = 0
+
+    def hetra_group(self):
+        group = self.process_group or dist.distributed_c10d._get_default_group()
+        if not isinstance(group, ProcessGroupHetra):
+            raise ValueError(f"compression={self.compression!r} needs the process group of "
+                             f"backend 'hetra', not {type(group).__name__}")
+        return group
 
 
 def weighted_allreduce_hook(state, bucket):
@@ -149,5 +161,12 @@ def weighted_allreduce_hook(state, bucket):
     tensor.mul_(state.sampler.share(state.step) / state.sampler.global_batch)
     if bucket.is_last():
         state.step += 1
+    if state.compression != "none" and tensor.dtype == torch.float32:
+        residual = state.residuals.setdefault(bucket.index(), torch.zeros_like(tensor))
+        ops.allreduce(tensor, "sum", compression=state.compression, residual=residual,
+                      min_bytes=state.min_bytes, comm=state.hetra_group().comm).wait()
+        future = torch.futures.Future()
+        future.set_result(tensor)
+        return future
     work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])

@@ -25,10 +25,10 @@ def _op_name(op):
         raise ValueError(f"op={op!r}; allowed: {', '.join(_OPS)}") from None
 
 
-def allreduce(tensor, op="sum", compression="none", residual=None, comm=None):
+def allreduce(tensor, op="sum", compression="none", residual=None, min_bytes=65536, comm=None):
     """Reduces `tensor` over every rank, in place. `compression` (fp16, bf16, fp8-e4m3, fp8-e5m2)
-    applies to float32 sums and averages above hetra's minimum size; `residual` (a float32 tensor
-    of the same size, zero at first) keeps error feedback between calls."""
+    applies to float32 sums and averages of at least `min_bytes`; `residual` (a float32 tensor of
+    the same size, zero at first) keeps error feedback between calls."""
     check_buffer(tensor)
     keep = [tensor]
     residual_address = 0
@@ -40,7 +40,7 @@ def allreduce(tensor, op="sum", compression="none", residual=None, comm=None):
         keep.append(residual)
     return _comm(comm).allreduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                                  dtype_name(tensor), _op_name(op), compression=compression,
-                                 residual=residual_address, keep=keep)
+                                 min_bytes=min_bytes, residual=residual_address, keep=keep)
 
 
 def broadcast(tensor, root=0, comm=None):

@@ -44,18 +44,20 @@ class DistributedOptimizer:
 
     `sampler`: the HeteroSampler whose shares weight the gradients (default: the one made last;
     without any, every rank weighs 1/size, as DDP does). `compression`: the wire format of
-    float32 gradients (none, fp16, bf16, fp8-e4m3, fp8-e5m2), with error feedback. `slowdown`: an
+    float32 gradients (none, fp16, bf16, fp8-e4m3, fp8-e5m2), with error feedback, for buckets of
+    at least `compression_min_bytes`. `slowdown`: an
     emulated slow device (docs/benchmarks.md): each compute phase is stretched to `slowdown` times
     its CPU work before this rank's gradients leave, so its peers wait as they would for a slow
     device. The compute time of every step feeds the sampler's balancer.
     """
 
     def __init__(self, optimizer, model=None, sampler=None, bucket_bytes=4 << 20,
-                 compression="none", slowdown=1.0, comm=None):
+                 compression="none", compression_min_bytes=65536, slowdown=1.0, comm=None):
         self.optimizer = optimizer
         self._comm = comm if comm is not None else _runtime.init().comm
         self._sampler = sampler if sampler is not None else HeteroSampler.latest()
         self._compression = compression
+        self._compression_min_bytes = compression_min_bytes
         self.slowdown = slowdown  # may change between steps (a device that slows down mid-run)
         self._emulator = _core.SlowdownEmulator()
         params = [p for group in optimizer.param_groups for p in group["params"]
@@ -140,7 +142,8 @@ class DistributedOptimizer:
         residual = bucket.residual if flat.dtype == torch.float32 else None
         bucket.flat = flat
         bucket.work = ops.allreduce(flat, "sum", compression=self._compression,
-                                    residual=residual, comm=self._comm)
+                                    residual=residual, min_bytes=self._compression_min_bytes,
+                                    comm=self._comm)
 
     def synchronize(self):
         """Waits until every bucket's allreduce is done and the gradients hold their results."""

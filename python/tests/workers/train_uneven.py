@@ -4,7 +4,7 @@ saves its gradients after the first step and its final parameters.
 
     train_uneven.py MODE OPTIMIZER SHARES OUTDIR
 MODE: distopt, distopt-micro (micro-batches of at most 5 samples, the memory cap of every rank),
-ddp-weighted, ddp-default.
+ddp-weighted, ddp-default; distopt-bf16 and ddp-bf16 compress every bucket to bf16.
 """
 import contextlib
 import os
@@ -27,18 +27,22 @@ sampler = ht.HeteroSampler(problem.GLOBAL_BATCH, problem.GLOBAL_BATCH, seed=11,
 net = problem.model()
 if mode.startswith("distopt"):
     opt = ht.DistributedOptimizer(problem.optimizer(opt_name, net.parameters()), net,
-                                  sampler=sampler, bucket_bytes=256)  # several buckets
+                                  sampler=sampler, bucket_bytes=256,  # several buckets
+                                  compression="bf16" if mode == "distopt-bf16" else "none",
+                                  compression_min_bytes=0)
     ht.broadcast_parameters(net.state_dict())
     ht.broadcast_optimizer_state(opt)
     trained = net
 else:
     dist.init_process_group("hetra")
     trained = torch.nn.parallel.DistributedDataParallel(net)
-    if mode == "ddp-weighted":
-        trained.register_comm_hook(ht.WeightedHookState(sampler), ht.weighted_allreduce_hook)
+    if mode in ("ddp-weighted", "ddp-bf16"):
+        state = ht.WeightedHookState(sampler, compression="bf16" if mode == "ddp-bf16" else "none",
+                                     min_bytes=0)
+        trained.register_comm_hook(state, ht.weighted_allreduce_hook)
     elif mode != "ddp-default":
-        raise SystemExit(f"mode {mode!r}; allowed: distopt, distopt-micro, ddp-weighted, "
-                         f"ddp-default")
+        raise SystemExit(f"mode {mode!r}; allowed: distopt, distopt-micro, distopt-bf16, "
+                         f"ddp-weighted, ddp-bf16, ddp-default")
     opt = problem.optimizer(opt_name, trained.parameters())
 
 first = None
