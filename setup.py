@@ -38,5 +38,7 @@ setup(
     package_dir={"": "python"},
     ext_modules=[CMakeExtension("hetra._core")],
     cmdclass={"build_ext": CMakeBuild},
+    # Not build/: that is the Makefile's CMake build directory.
+    options={"build": {"build_base": "build-pip"}},
     zip_safe=False,
 )
