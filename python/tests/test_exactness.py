@@ -2,7 +2,6 @@
 one step, the same parameters (rtol 1e-4) after 20 steps, bitwise identical on every rank; through
 DistributedOptimizer and through DDP on backend="hetra" with the weighted hook. DDP's default
 weighting (a mean of the ranks' means) fails the same comparison: the test detects the bias."""
-import os
 import sys
 
 import pytest

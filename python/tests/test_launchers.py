@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import JOB_TIMEOUT, WORKERS, base_env
+from conftest import JOB_TIMEOUT, WORKERS, base_env, free_port
 
 SCRIPT = os.path.join(WORKERS, "launched.py")
 
@@ -55,3 +55,24 @@ def test_torchrun_starts_the_script(tmp_path):
 def test_hetra_launch_starts_the_same_script():
     ranks_reported(run([hetra_binary(), "launch", "-np", "3", "--", sys.executable, SCRIPT]),
                    "hetra")
+
+
+def test_mpirun_starts_a_hetra_torch_script():
+    # Open MPI's variables describe the rank; hetra's store is at MASTER_PORT + 1 (MASTER_PORT
+    # itself is torch's), served by rank 0.
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.skip("no mpirun (Debian openmpi-bin)")
+    script = ("import torch, hetra.torch as ht; w = ht.init(timeout=60); "
+              "t = torch.tensor([ht.rank() + 1.0]); ht.allreduce(t).wait(); "
+              "print(f'launcher={w.context.launcher} rank={ht.rank()} size={ht.size()} "
+              "local={ht.local_rank()} hetra_sum={t.item():g} dist_sum=6', flush=True)")
+    env = base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+    argv = [mpirun, "-np", "3", "--oversubscribe", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
+            "-x", "PYTHONPATH"]
+    if os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    out = subprocess.run(argv + [sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=JOB_TIMEOUT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    ranks_reported(out.stdout, "openmpi")

@@ -19,4 +19,12 @@ from hetra.torch.optimizer import (DistributedOptimizer, broadcast_optimizer_sta
                                    broadcast_parameters)
 from hetra.torch.sampler import HeteroSampler
 
+__all__ = [
+    "init", "shutdown", "world", "rank", "size", "local_rank",
+    "HeteroSampler", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
+    "allreduce", "allgather", "broadcast", "broadcast_object", "reduce_scatter", "send", "recv",
+    "WeightedHookState", "weighted_allreduce_hook",
+    "Error", "ConfigError", "IoError", "MismatchError", "PeerAbortedError", "TimeoutError",
+]
+
 backend.register()
