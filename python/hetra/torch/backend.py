@@ -4,9 +4,8 @@ transports (CPU tensors).
 
 torch 1.13 takes a ProcessGroup subclass from the backend's creator; torch 2.x a Backend subclass
 and the devices it serves (register_backend's `devices`). Both are feature-detected; only 1.13 has
-run here. Each operation runs to completion before it returns (its Work is already done), so DDP
-gets no overlap of communication with backward from this backend; hetra.torch's
-DistributedOptimizer has it.
+run here. Operations return at once; their Work completes when hetra's does (a completer
+thread waits for them in order), so DDP overlaps its gradient allreduces with backward.
 """
 import datetime
 import inspect
@@ -40,6 +39,26 @@ def _done(result):
     return c10d._create_work_from_future(future)
 
 
+def _future_when_done(completer, work, result, then=None):
+    """A torch future of hetra's `work`: it gets `result` once `then()` (if any) ran after hetra
+    completed, or the operation's error."""
+    future = torch.futures.Future()
+
+    def finish(error):
+        if error is None and then is not None:
+            try:
+                then()
+            except BaseException as e:
+                error = e
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    completer.on_complete(work, finish)
+    return future
+
+
 class ProcessGroupHetra(_Base):
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
@@ -59,60 +78,66 @@ class ProcessGroupHetra(_Base):
         group_store = self._job.store if self._job is not None else _core.memory_store()
         self.comm = _core.Communicator(group_store, rank, size, timeout=seconds,
                                        listen_address=listen if size > 1 else "")
+        self._completer = ops.Completer(seconds)
+
+    def _started(self, works, result, then=None):
+        # hetra runs a group's operations in order: the last one done means all are.
+        for work in works[:-1]:
+            self._completer.on_complete(work, lambda error: None)
+        if not works:
+            return _done(result)
+        return c10d._create_work_from_future(
+            _future_when_done(self._completer, works[-1], result, then))
 
     def getBackendName(self):
         return BACKEND_NAME
 
     def allreduce(self, tensors, opts=None):
         op = _reduce_op(opts.reduceOp) if opts is not None else "sum"
-        for tensor in tensors:
-            ops.allreduce(tensor, op, comm=self.comm).wait()
-        return _done(tensors)
+        return self._started([ops.allreduce(t, op, comm=self.comm) for t in tensors], tensors)
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        for tensor in tensors:
-            ops.broadcast(tensor, root, comm=self.comm).wait()
-        return _done(tensors)
+        return self._started([ops.broadcast(t, root, comm=self.comm) for t in tensors], tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
+        works, copies = [], []
         for outputs, tensor in zip(output_lists, inputs):
             gathered = torch.empty(tensor.numel() * self.comm.size, dtype=tensor.dtype)
-            ops.allgather(gathered, tensor.contiguous(), comm=self.comm).wait()
-            for out, part in zip(outputs, gathered.chunk(self.comm.size)):
-                out.copy_(part.view_as(out))
-        return _done(output_lists)
+            works.append(ops.allgather(gathered, tensor.contiguous(), comm=self.comm))
+            copies.append((outputs, gathered))
+
+        def scatter_to_outputs():
+            for outputs, gathered in copies:
+                for out, part in zip(outputs, gathered.chunk(self.comm.size)):
+                    out.copy_(part.view_as(out))
+        return self._started(works, output_lists, scatter_to_outputs)
 
     def _allgather_base(self, output, tensor, opts=None):
-        ops.allgather(output, tensor, comm=self.comm).wait()
-        return _done([output])
+        return self._started([ops.allgather(output, tensor, comm=self.comm)], [output])
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = _reduce_op(opts.reduceOp) if opts is not None else "sum"
+        works = []
         for out, parts in zip(outputs, input_lists):
             flat = torch.cat([p.reshape(-1) for p in parts])
-            ops.reduce_scatter(out, flat, counts=[p.numel() for p in parts], op=op,
-                               comm=self.comm).wait()
-        return _done(outputs)
+            works.append(ops.reduce_scatter(out, flat, counts=[p.numel() for p in parts], op=op,
+                                            comm=self.comm))
+        return self._started(works, outputs)
 
     def _reduce_scatter_base(self, output, tensor, opts=None):
         op = _reduce_op(opts.reduceOp) if opts is not None else "sum"
-        ops.reduce_scatter(output, tensor, op=op, comm=self.comm).wait()
-        return _done([output])
+        return self._started([ops.reduce_scatter(output, tensor, op=op, comm=self.comm)],
+                             [output])
 
     def barrier(self, opts=None):
-        self.comm.barrier().wait()
-        return _done([])
+        return self._started([self.comm.barrier()], [])
 
     def send(self, tensors, dst, tag=0):
-        for tensor in tensors:
-            ops.send(tensor, dst, tag, comm=self.comm).wait()
-        return _done(tensors)
+        return self._started([ops.send(t, dst, tag, comm=self.comm) for t in tensors], tensors)
 
     def recv(self, tensors, src, tag=0):
-        for tensor in tensors:
-            ops.recv(tensor, src, tag, comm=self.comm).wait()
-        return _done(tensors)
+        return self._started([ops.recv(t, src, tag, comm=self.comm) for t in tensors], tensors)
 
 
 def _create(store, rank, size, timeout):
@@ -163,10 +188,9 @@ def weighted_allreduce_hook(state, bucket):
         state.step += 1
     if state.compression != "none" and tensor.dtype == torch.float32:
         residual = state.residuals.setdefault(bucket.index(), torch.zeros_like(tensor))
-        ops.allreduce(tensor, "sum", compression=state.compression, residual=residual,
-                      min_bytes=state.min_bytes, comm=state.hetra_group().comm).wait()
-        future = torch.futures.Future()
-        future.set_result(tensor)
-        return future
+        group = state.hetra_group()
+        work = ops.allreduce(tensor, "sum", compression=state.compression, residual=residual,
+                             min_bytes=state.min_bytes, comm=group.comm)
+        return _future_when_done(group._completer, work, tensor)
     work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])

@@ -3,7 +3,10 @@
 Each call returns hetra's Work (`.wait(timeout=None)` raises the operation's typed error); the
 Work holds the tensors until it completes. `comm` defaults to the job's (init()).
 """
+import atexit
 import pickle
+import queue
+import threading
 
 import torch
 
@@ -101,6 +104,44 @@ def allgather_floats(values, comm=None):
     everyone = torch.empty(mine.numel() * c.size, dtype=torch.float64)
     allgather(everyone, mine, comm=c).wait()
     return everyone.view(c.size, -1).tolist()
+
+
+class Completer:
+    """Completion callbacks for one communicator's operations: a thread waits for each Work in
+    the order they were issued (the order they run in) and then calls its callback with None or
+    the operation's exception. Callbacks run on that thread: keep them short."""
+
+    def __init__(self, timeout):
+        self._timeout = timeout  # the operations' deadline: a wait never lasts longer
+        self._pending = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="hetra-completer", daemon=True)
+        self._thread.start()
+        # Before the interpreter ends: a daemon thread frozen in a callback would keep its
+        # communicator alive, and its threads running, into the process's exit.
+        atexit.register(self.close)
+
+    def on_complete(self, work, callback):
+        self._pending.put((work, callback))
+
+    def close(self):
+        """Completes what was issued, then stops the thread."""
+        if self._thread.is_alive():
+            self._pending.put(None)
+            self._thread.join(timeout=self._timeout + 10)
+
+    def _run(self):
+        while True:
+            item = self._pending.get()
+            if item is None:
+                return
+            work, callback = item
+            try:
+                work.wait()  # the GIL is released while it waits
+                error = None
+            except BaseException as e:  # handed to the callback, which owns it
+                error = e
+            callback(error)
+            item = work = callback = error = None  # holds nothing between operations
 
 
 Error = _core.Error
