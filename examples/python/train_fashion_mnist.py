@@ -27,7 +27,7 @@ x, y = fashion_mnist.load("train")
 torch.manual_seed(0)
 model = fashion_mnist.mlp()
 sampler = ht.HeteroSampler(len(x), args.global_batch, seed=0)                      # hetra 2/4
-slowdown = float(args.slowdowns.split(",")[ht.rank()]) if args.slowdowns else 1.0
+slowdown = float(args.slowdowns.split(",")[ht.rank()]) if args.slowdowns else None  # HETRA_SLOWDOWNS
 optimizer = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr,   # 3/4
                                                     momentum=0.9), model, slowdown=slowdown)
 ht.broadcast_parameters(model.state_dict()); ht.broadcast_optimizer_state(optimizer)  # 4/4

@@ -11,6 +11,7 @@ samples = sum_i (b_i / B) g_i. Each rank scales its buffer by b_i / B and the al
 every rank receives the same bytes (and, with the same parameters, takes the same step).
 """
 import contextlib
+import os
 import time
 
 import torch
@@ -39,6 +40,20 @@ def _grad_ready_hook(param, callback):
     return (accumulator, handle)  # the node must stay alive for its hook to stay registered
 
 
+def _slowdown_from_environment(comm):
+    text = os.environ.get("HETRA_SLOWDOWNS", "")
+    if not text:
+        return 1.0
+    try:
+        factors = [float(f) for f in text.split(",")]
+    except ValueError:
+        raise ValueError(f"HETRA_SLOWDOWNS={text!r} is not a list of numbers") from None
+    if len(factors) != comm.size:
+        raise ValueError(f"HETRA_SLOWDOWNS={text!r} has {len(factors)} factors; allowed: one per "
+                         f"rank ({comm.size})")
+    return factors[comm.rank]
+
+
 class DistributedOptimizer:
     """Wraps `optimizer`: step() first waits for the averaged gradients, then steps.
 
@@ -48,17 +63,19 @@ class DistributedOptimizer:
     at least `compression_min_bytes`. `slowdown`: an
     emulated slow device (docs/benchmarks.md): each compute phase is stretched to `slowdown` times
     its CPU work before this rank's gradients leave, so its peers wait as they would for a slow
-    device. The compute time of every step feeds the sampler's balancer.
+    device; without it, this rank's factor in HETRA_SLOWDOWNS (one per rank, e.g. 1,2,4), else 1.
+    The compute time of every step feeds the sampler's balancer.
     """
 
     def __init__(self, optimizer, model=None, sampler=None, bucket_bytes=4 << 20,
-                 compression="none", compression_min_bytes=65536, slowdown=1.0, comm=None):
+                 compression="none", compression_min_bytes=65536, slowdown=None, comm=None):
         self.optimizer = optimizer
         self._comm = comm if comm is not None else _runtime.init().comm
         self._sampler = sampler if sampler is not None else HeteroSampler.latest()
         self._compression = compression
         self._compression_min_bytes = compression_min_bytes
-        self.slowdown = slowdown  # may change between steps (a device that slows down mid-run)
+        # May change between steps (a device that slows down mid-run).
+        self.slowdown = slowdown if slowdown is not None else _slowdown_from_environment(self._comm)
         self._emulator = _core.SlowdownEmulator()
         params = [p for group in optimizer.param_groups for p in group["params"]
                   if p.requires_grad]
