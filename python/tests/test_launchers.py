@@ -76,3 +76,13 @@ def test_mpirun_starts_a_hetra_torch_script():
                          text=True, timeout=JOB_TIMEOUT)
     assert out.returncode == 0, out.stdout + out.stderr
     ranks_reported(out.stdout, "openmpi")
+
+
+def test_hetra_launch_gives_each_rank_its_slowdown():
+    script = ("import torch, hetra.torch as ht; ht.init(); m = torch.nn.Linear(2, 1); "
+              "o = ht.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m); "
+              "print(f'rank {ht.rank()} slowdown {o.slowdown:g}', flush=True)")
+    out = run([hetra_binary(), "launch", "-np", "3", "--slowdowns", "1,2,4", "--", sys.executable,
+               "-c", script])
+    assert sorted(re.findall(r"rank \d slowdown \S+", out)) == [
+        "rank 0 slowdown 1", "rank 1 slowdown 2", "rank 2 slowdown 4"], out
