@@ -66,7 +66,8 @@ class ProcessGroupHetra(_Base):
         context = _core.RankContext()
         context.rank, context.world_size = rank, size
         context.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        # Only its host matters: rank 0 serves hetra's store on the address that reaches it.
+        # Only its host matters: rank 0 serves hetra's store on the address that reaches it
+        # (MASTER_ADDR, as env:// and torchrun give it; without it, this host's loopback).
         context.store_address = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:0"
         self._server = None
         if size > 1:

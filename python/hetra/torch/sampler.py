@@ -65,7 +65,8 @@ class HeteroSampler:
     balancer moves the split from the compute times DistributedOptimizer measures (mode from
     `balance` or HETRA_BALANCE_MODE: dynamic, static, equal). One pass over the sampler is
     len(sampler) = dataset_len // global_batch steps; the stream continues across passes, so a
-    second `for batch in loader` goes on with the next steps.
+    second `for batch in loader` goes on with the next steps. Making one is a collective (it
+    all-gathers the memory caps): every rank makes its samplers in the same order.
     """
 
     _latest = None  # DistributedOptimizer's default sampler: the one made last
