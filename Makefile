@@ -7,7 +7,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 HETRA := $(BUILD)/tools/hetra/hetra
 
-.PHONY: all deps build test test-asan test-asan-train test-tsan test-fuzz test-mpi build-cuda demo bench image format clean
+.PHONY: all deps build test test-python test-asan test-asan-train test-tsan test-fuzz test-mpi build-cuda demo bench image format clean
 
 all: build
 
@@ -27,6 +27,7 @@ JUNIT := ctest-junit.xml
 test: build
 	@rm -f $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300 --output-junit $(JUNIT)
+	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory test-asan
 	@$(MAKE) --no-print-directory test-asan-train
 	@$(MAKE) --no-print-directory test-tsan
@@ -34,6 +35,12 @@ test: build
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory build-cuda
 	@scripts/test-summary.sh $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
+
+# The Python package (python/): hetra._core from this build, its tests with pytest on real processes
+# (Debian's interpreter: the first python3 on PATH may not see Debian's torch and pytest).
+test-python: build
+	@cmake --build $(BUILD) -j $(JOBS) --target hetra_core hetra
+	HETRA_PYTHON_PATH=$(CURDIR)/$(BUILD)/python HETRA_BINARY=$(CURDIR)/$(HETRA) /usr/bin/python3 -m pytest -q python/tests
 
 # The sanitizer runs pick their tests by ctest label: tests/CMakeLists.txt assigns every test its
 # label, and its target tests-LABEL builds that label's binaries (ctest builds nothing).

@@ -15,6 +15,8 @@ build_packages=(
   libyaml-cpp-dev  # hetra k8s writes its Volcano Job with yaml-cpp
   # make image and its test: buildah builds the image, debootstrap makes its Debian base
   buildah debootstrap
+  # The Python module hetra._core and its tests (make test-python; pip install into a venv)
+  python3-dev pybind11-dev python3-pytest python3-venv python3-torch
 )
 bench_packages=(python3 python3-torch)
 

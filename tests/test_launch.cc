@@ -100,6 +100,23 @@ TEST(LaunchArguments, MpirunSpellings) {
   EXPECT_TRUE(contains(configError([] { parseLaunchArguments({"-np"}); }), "-np needs a value"));
 }
 
+TEST(LaunchArguments, SlowdownsOnePerRank) {
+  EXPECT_EQ(parseLaunchArguments({"-np", "3", "--slowdowns", "1,2,4", "p"}).slowdowns, "1,2,4");
+  EXPECT_EQ(parseLaunchArguments({"-H", "a:2", "--slowdowns=1,1.5", "p"}).slowdowns, "1,1.5");
+  EXPECT_TRUE(contains(configError([] {
+                         parseLaunchArguments({"-np", "3", "--slowdowns", "1,2", "p"});
+                       }),
+                       "--slowdowns 1,2: 2 factors for -np 3"));
+  EXPECT_TRUE(contains(configError([] {
+                         parseLaunchArguments({"-np", "2", "--slowdowns", "1,0.5", "p"});
+                       }),
+                       "'0.5' is not a factor from 1 to 1e6"));
+  EXPECT_TRUE(contains(configError([] {
+                         parseLaunchArguments({"-np", "2", "--slowdowns", "1,,2", "p"});
+                       }),
+                       "'' is not a factor"));
+}
+
 TEST(LaunchArguments, MpirunCommandLine) {
   auto o = parseLaunchArguments({"-H", "a:2,b:1", "--mpi-arg", "--tag-output", "bench", "x y"});
   const std::map<std::string, std::string> env = {{"HETRA_STORE", "10.0.0.1:77"},

@@ -8,6 +8,7 @@
 
 #include "common/errors.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/params.h"
 #include "launch/rank_environment.h"
 #include "launch/supervision.h"
@@ -48,6 +49,22 @@ RankWatch::Options watchOptions(const LocalJob& job) {
     HETRA_ERROR("cli", name, ": rank ", rank, " (pid ", pid, ", host ", host, ") ", how);
   };
   return options;
+}
+
+// torchrun's variables for one local rank, so that a torch.distributed script (init_method
+// env://) runs under hetra launch unchanged. MASTER_PORT is torch's own store, which the script's
+// rank 0 serves: a port that was free when the launcher asked (hetra's store is HETRA_STORE's).
+std::map<std::string, std::string> torchrunEnvironment(int rank, int np, int masterPort) {
+  return {{"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(np)},
+          {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(np)},
+          {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(masterPort)}};
+}
+
+int freeLoopbackPort() {
+  const net::Listener probe =
+      net::listenOn("127.0.0.1", 0, false, "hetra launch: a port for MASTER_PORT");
+  close(probe.fd);
+  return probe.port;
 }
 
 }  // namespace
@@ -123,6 +140,7 @@ LocalJobEnd runLocalJob(const LocalJob& job) {
   store::TcpStoreServer server("127.0.0.1", 0, auth);
   const auto common = jobEnvironment(str("127.0.0.1:", server.port()), randomJobId());
   RankWatch watch(job.np, watchOptions(job));
+  const int torchPort = freeLoopbackPort();
   // A terminal's stdin stays with the launcher: a rank in its own process group reading it would
   // be stopped (SIGTTIN). A pipe or file goes to rank 0, as mpirun does.
   const bool stdinToRank0 = !isatty(STDIN_FILENO);
@@ -133,8 +151,9 @@ LocalJobEnd runLocalJob(const LocalJob& job) {
     child.path = path;
     child.argv = job.argv;
     // Later sources win: the caller's variables come last.
-    for (const auto& variables : {common, rankEnvironment(rank, job.np, rank),
-                                  watch.environment(rank), secret.environment, job.environment})
+    for (const auto& variables :
+         {common, rankEnvironment(rank, job.np, rank), torchrunEnvironment(rank, job.np, torchPort),
+          watch.environment(rank), secret.environment, job.environment})
       for (const auto& [name, value] : variables) child.environment[name] = value;
     child.unsetEnvironment = secret.unsetEnvironment;
     child.closeFds = watch.closeInRank(rank);

@@ -24,6 +24,8 @@ using launch::SuperviseOptions;
 
 // Declared by common/auth: the variable the job's secret reaches the ranks in.
 constexpr const char* kSecretVariable = "HETRA_JOB_SECRET";
+// Read by hetra.torch (python/hetra/torch/optimizer.py): each rank's emulated slowdown.
+constexpr const char* kSlowdownsVariable = "HETRA_SLOWDOWNS";
 
 const char* kUsage =
     "Usage: hetra launch -np N [options] [--] PROGRAM ARGS...\n"
@@ -36,7 +38,9 @@ const char* kUsage =
     "  --map-by X, --bind-to X, --oversubscribe   as mpirun's (default: slot, none)\n"
     "  --store-addr ADDR      the address ranks reach this launcher's store at\n"
     "                         (default: this host's address on the route to the first host)\n"
-    "  --grace SECONDS        after a rank fails, the others get this long (default 5)\n";
+    "  --grace SECONDS        after a rank fails, the others get this long (default 5)\n"
+    "  --slowdowns LIST       emulated slow devices, one factor >= 1 per rank (1,2,4): the ranks'\n"
+    "                         HETRA_SLOWDOWNS, applied by hetra.torch\n";
 
 int parsePositive(const std::string& option, const std::string& text) {
   char* end = nullptr;
@@ -61,6 +65,23 @@ std::string shellQuote(const std::string& word) {
   std::string quoted = "'";
   for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return quoted + "'";
+}
+
+// "1,2,4": one factor >= 1 per rank; ConfigError naming the list otherwise.
+void checkSlowdowns(const std::string& list, int np) {
+  int factors = 0;
+  std::istringstream items(list);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    char* end = nullptr;
+    const double factor = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != 0 || !(factor >= 1 && factor <= 1e6))
+      throw ConfigError(str("--slowdowns ", list, ": '", item, "' is not a factor from 1 to 1e6"));
+    ++factors;
+  }
+  if (factors != np)
+    throw ConfigError(
+        str("--slowdowns ", list, ": ", factors, " factors for -np ", np, "; give one per rank"));
 }
 
 int totalSlots(const std::vector<HostSlots>& hosts) {
@@ -162,6 +183,8 @@ LaunchOptions parseLaunchArguments(const std::vector<std::string>& args) {
       o.bindTo = value(option, inlineValue, hasInline);
     } else if (option == "--store-addr") {
       o.storeAddr = value(option, inlineValue, hasInline);
+    } else if (option == "--slowdowns") {
+      o.slowdowns = value(option, inlineValue, hasInline);
     } else if (option == "--grace") {
       const std::string text = value(option, inlineValue, hasInline);
       char* end = nullptr;
@@ -188,6 +211,7 @@ LaunchOptions parseLaunchArguments(const std::vector<std::string>& args) {
       throw ConfigError(str("launch: -np ", o.np, " is more than the ", slots,
                             " slots of the hosts; add --oversubscribe to allow it"));
   }
+  if (!o.slowdowns.empty()) checkSlowdowns(o.slowdowns, o.np);
   return o;
 }
 
@@ -214,6 +238,19 @@ std::string shellCommand(const std::map<std::string, std::string>& environment,
   return line;
 }
 
+namespace {
+
+// The variables every rank gets through mpirun: the job's, and the options meant for the ranks.
+std::map<std::string, std::string> mpirunEnvironment(const LaunchOptions& o,
+                                                     const std::string& storeAddress,
+                                                     const std::string& jobId) {
+  auto environment = jobEnvironment(storeAddress, jobId);
+  if (!o.slowdowns.empty()) environment[kSlowdownsVariable] = o.slowdowns;
+  return environment;
+}
+
+}  // namespace
+
 int runLaunch(const LaunchOptions& o) {
   if (o.hosts.empty()) {
     launch::LocalJob job;
@@ -224,12 +261,13 @@ int runLaunch(const LaunchOptions& o) {
     // Any program: its failure message shows the rank's last lines. A rank linked with hetra
     // beats as well, so a stopped one is found within HETRA_HANG_TIMEOUT_S.
     job.captureStderr = true;
+    if (!o.slowdowns.empty()) job.environment[kSlowdownsVariable] = o.slowdowns;
     return launch::runLocalJob(job).code;
   }
   const std::string address =
       o.storeAddr.empty() ? launch::routeAddressTo(o.hosts[0].host) : o.storeAddr;
   if (o.dryRun) {
-    const auto environment = jobEnvironment(address + ":<port>", "<job id>");
+    const auto environment = mpirunEnvironment(o, address + ":<port>", "<job id>");
     std::printf("%s\n", shellCommand(environment, mpirunCommand(o, environment)).c_str());
     return 0;
   }
@@ -239,7 +277,8 @@ int runLaunch(const LaunchOptions& o) {
   auth.secret = secret.secret;
   // Every interface: the ranks reach it at `address`, which may be on any of them.
   store::TcpStoreServer server("0.0.0.0", 0, auth);
-  const auto environment = jobEnvironment(str(address, ":", server.port()), launch::randomJobId());
+  const auto environment =
+      mpirunEnvironment(o, str(address, ":", server.port()), launch::randomJobId());
   ChildProcess mpirun;
   mpirun.label = "mpirun";
   mpirun.argv = mpirunCommand(o, environment);

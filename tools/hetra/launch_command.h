@@ -35,6 +35,9 @@ struct LaunchOptions {
   bool oversubscribe = false;
   std::string storeAddr;  // the address ranks reach this launcher at; "": the route to host 1
   double graceS = 5;      // after a failure, the others have this long before they are killed
+  // --slowdowns: each rank's emulated slowdown, one factor per rank ("1,2,4"), given to the ranks
+  // as HETRA_SLOWDOWNS (hetra.torch applies it); "": none.
+  std::string slowdowns;
   std::vector<std::string> program;  // PROGRAM ARGS...
 };
 

@@ -1,0 +1,123 @@
+"""One rank of the Python comparison (bench/compare_python.sh): the MLP 784-512-512-10 on
+Fashion-MNIST, global batch 512, one BLAS thread, in-memory tensors indexed by batch (x[idx]), on
+emulated devices (--slowdowns, one factor per rank; --change STEP:RANK:FACTOR slows a device
+mid-run). Rank 0 prints one JSON line: {"variant", "slowdowns", "steps", "seconds", "samples_per_s"}.
+
+Variants:
+  ddp-equal         DDP, equal split (what most scripts do)
+  ddp-proportional  DDP, a static split proportional to the known speeds, the loss rescaled by
+                    b_i * size / B so that DDP's mean gives the full batch's gradient
+  hetra             hetra.torch: HeteroSampler + DistributedOptimizer, the balancer moving the split
+DDP runs on --backend (gloo or hetra). A DDP rank emulates its slowdown in a comm hook: before its
+first bucket leaves, the backward so far is stretched to `slowdown` times its CPU work, so its
+peers wait as they would for a slow device (hetra.torch does the same before its gradients leave).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "examples", "python"))
+import fashion_mnist  # noqa: E402
+
+import hetra.torch as ht  # noqa: E402
+from hetra import _core  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--variant", required=True, choices=["ddp-equal", "ddp-proportional", "hetra"])
+parser.add_argument("--backend", default="gloo", choices=["gloo", "hetra"])
+parser.add_argument("--slowdowns", required=True)
+parser.add_argument("--change", default="", help="STEP:RANK:FACTOR")
+parser.add_argument("--steps", type=int, default=300)
+parser.add_argument("--warmup", type=int, default=20)
+parser.add_argument("--global-batch", type=int, default=512)
+args = parser.parse_args()
+torch.set_num_threads(1)
+
+ht.init()
+rank, size = ht.rank(), ht.size()
+slowdowns = [float(s) for s in args.slowdowns.split(",")]
+if len(slowdowns) != size:
+    sys.exit(f"--slowdowns has {len(slowdowns)} factors for {size} ranks")
+change = [float(v) for v in args.change.split(":")] if args.change else None
+
+
+def slowdown_at(step):
+    if change and step >= change[0] and rank == int(change[1]):
+        return change[2]
+    return slowdowns[rank]
+
+
+x, y = fashion_mnist.load("train")
+torch.manual_seed(0)
+model = fashion_mnist.mlp()
+B = args.global_batch
+
+if args.variant == "hetra":
+    sampler = ht.HeteroSampler(len(x), B, seed=0)
+    opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                  model, sampler=sampler)
+    ht.broadcast_parameters(model.state_dict())
+    trained = model
+
+    def batches():
+        while True:
+            yield from sampler
+else:
+    dist.init_process_group(args.backend)
+    trained = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(trained.parameters(), lr=0.05, momentum=0.9)
+    if args.variant == "ddp-equal":
+        shares = [B // size + (1 if r < B % size else 0) for r in range(size)]
+    else:
+        speeds = [1.0 / s for s in slowdowns]
+        shares = [max(1, round(B * v / sum(speeds))) for v in speeds]
+        shares[0] += B - sum(shares)
+    stream = _core.GlobalSampler(len(x), B, 0)
+    emulator = _core.SlowdownEmulator()
+    phase = {}
+
+    def emulating_allreduce(state, bucket):
+        if phase["pending"]:  # the first bucket of this backward to leave
+            phase["pending"] = False
+            s = slowdown_at(phase["step"])
+            if s > 1.0:
+                emulator.end_phase(s, time.perf_counter() - phase["wall"],
+                                   time.thread_time() - phase["work"])
+        tensor = bucket.buffer().div_(size)
+        work = dist.all_reduce(tensor, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    trained.register_comm_hook(None, emulating_allreduce)
+
+    def batches():
+        step = 0
+        while True:
+            yield stream.indices(step, shares, rank)
+            step += 1
+
+start = None
+for step, indices in zip(range(args.warmup + args.steps), batches()):
+    if step == args.warmup:
+        start = time.perf_counter()
+    if args.variant == "hetra":
+        opt.slowdown = slowdown_at(step)
+    else:
+        phase.update(step=step, wall=time.perf_counter(), work=time.thread_time(), pending=True)
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(trained(x[indices]), y[indices])
+    if args.variant == "ddp-proportional":
+        loss = loss * (len(indices) * size / B)  # DDP divides by size: this makes it b_i / B
+    loss.backward()
+    opt.step()
+seconds = time.perf_counter() - start
+if rank == 0:
+    print(json.dumps({"variant": args.variant, "backend": args.backend if args.variant != "hetra"
+                      else "hetra.torch", "slowdowns": args.slowdowns, "change": args.change,
+                      "steps": args.steps, "seconds": round(seconds, 3),
+                      "samples_per_s": round(args.steps * B / seconds, 1)}), flush=True)

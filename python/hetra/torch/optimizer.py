@@ -1,0 +1,229 @@
+"""DistributedOptimizer: gradients all-reduced through hetra as backward produces them (Horovod's
+shape), weighted exactly by each rank's share of the global batch.
+
+Vocabulary: a *bucket* is a run of parameters (in the reverse of their order, the order backward
+produces their gradients; one dtype) whose gradients travel as one flat buffer of at most
+`bucket_bytes`; it is *launched* (its allreduce started) once every one of its gradients is in.
+
+Exact weighting: the user writes an ordinary mean loss over the rank's b_i samples, so its gradient
+is g_i = (1/b_i) sum of the per-sample gradients; the full batch's is G = (1/B) sum over all
+samples = sum_i (b_i / B) g_i. Each rank scales its buffer by b_i / B and the allreduce sums, so
+every rank receives the same bytes (and, with the same parameters, takes the same step).
+"""
+import contextlib
+import os
+import time
+
+import torch
+
+from hetra import _core
+from hetra.torch import _runtime, ops
+from hetra.torch.sampler import HeteroSampler
+
+
+class _Bucket:
+    def __init__(self, params):
+        self.params = params
+        self.ready = 0
+        self.flat = None
+        self.work = None
+        self.residual = None
+
+
+def _grad_ready_hook(param, callback):
+    """Calls callback() once param.grad holds this backward's gradient."""
+    if hasattr(param, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+        return param.register_post_accumulate_grad_hook(lambda p: callback())
+    # torch 1.13: the AccumulateGrad node's hook runs after it wrote param.grad (Horovod's way).
+    accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
+    handle = accumulator.register_hook(lambda *unused: callback())
+    return (accumulator, handle)  # the node must stay alive for its hook to stay registered
+
+
+def _slowdown_from_environment(comm):
+    text = os.environ.get("HETRA_SLOWDOWNS", "")
+    if not text:
+        return 1.0
+    try:
+        factors = [float(f) for f in text.split(",")]
+    except ValueError:
+        raise ValueError(f"HETRA_SLOWDOWNS={text!r} is not a list of numbers") from None
+    if len(factors) != comm.size:
+        raise ValueError(f"HETRA_SLOWDOWNS={text!r} has {len(factors)} factors; allowed: one per "
+                         f"rank ({comm.size})")
+    return factors[comm.rank]
+
+
+class DistributedOptimizer:
+    """Wraps `optimizer`: step() first waits for the averaged gradients, then steps.
+
+    `sampler`: the HeteroSampler whose shares weight the gradients (default: the one made last;
+    without any, every rank weighs 1/size, as DDP does). `compression`: the wire format of
+    float32 gradients (none, fp16, bf16, fp8-e4m3, fp8-e5m2), with error feedback, for buckets of
+    at least `compression_min_bytes`. `slowdown`: an
+    emulated slow device (docs/benchmarks.md): each compute phase is stretched to `slowdown` times
+    its CPU work before this rank's gradients leave, so its peers wait as they would for a slow
+    device; without it, this rank's factor in HETRA_SLOWDOWNS (one per rank, e.g. 1,2,4), else 1.
+    The compute time of every step feeds the sampler's balancer.
+    """
+
+    def __init__(self, optimizer, model=None, sampler=None, bucket_bytes=4 << 20,
+                 compression="none", compression_min_bytes=65536, slowdown=None, comm=None):
+        self.optimizer = optimizer
+        self._comm = comm if comm is not None else _runtime.init().comm
+        self._sampler = sampler if sampler is not None else HeteroSampler.latest()
+        self._compression = compression
+        self._compression_min_bytes = compression_min_bytes
+        # May change between steps (a device that slows down mid-run).
+        self.slowdown = slowdown if slowdown is not None else _slowdown_from_environment(self._comm)
+        self._emulator = _core.SlowdownEmulator()
+        params = [p for group in optimizer.param_groups for p in group["params"]
+                  if p.requires_grad]
+        if model is not None:
+            known = {id(p) for p in model.parameters()}
+            strangers = [i for i, p in enumerate(params) if id(p) not in known]
+            if strangers:
+                raise ValueError(f"the optimizer's parameters {strangers} are not the model's")
+        self._buckets = self._make_buckets(params, bucket_bytes)
+        self._hooks = []
+        for bucket in self._buckets:
+            for p in bucket.params:
+                self._hooks.append(_grad_ready_hook(p, lambda b=bucket: self._grad_ready(b)))
+        self._syncing = True
+        self.steps = 0
+        self.compute_seconds = []  # this rank's compute time of each step (the balancer's input)
+        self._restart_phase()
+
+    @staticmethod
+    def _make_buckets(params, bucket_bytes):
+        buckets, current, current_bytes = [], [], 0
+        for p in reversed(params):
+            nbytes = p.numel() * p.element_size()
+            if current and (current_bytes + nbytes > bucket_bytes or current[0].dtype != p.dtype):
+                buckets.append(_Bucket(current))
+                current, current_bytes = [], 0
+            current.append(p)
+            current_bytes += nbytes
+        if current:
+            buckets.append(_Bucket(current))
+        return buckets
+
+    @property
+    def slowdown(self):
+        return self._slowdown
+
+    @slowdown.setter
+    def slowdown(self, factor):
+        if not factor >= 1.0:
+            raise ValueError(f"slowdown={factor}; allowed: >= 1 (1: the real speed)")
+        self._slowdown = float(factor)
+
+    def _restart_phase(self):
+        self._phase_wall = time.perf_counter()
+        self._phase_work = time.thread_time()
+
+    def _weight(self):
+        if self._sampler is None:
+            return 1.0 / self._comm.size
+        return self._sampler.share(self.steps) / self._sampler.global_batch
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate into .grad (micro-batches of one step); the
+        first backward after it sends the accumulated gradients (DDP's no_sync)."""
+        self._syncing = False
+        try:
+            yield
+        finally:
+            self._syncing = True
+
+    def _grad_ready(self, bucket):
+        if not self._syncing:
+            return
+        bucket.ready += 1
+        if bucket.ready > len(bucket.params):
+            raise RuntimeError("a gradient arrived twice before step(): call step() after each "
+                               "backward(), or accumulate micro-batches inside no_sync()")
+        # A slow device's gradients leave only once its phase has been stretched (in step()).
+        if bucket.ready == len(bucket.params) and self._slowdown == 1.0:
+            self._launch(bucket)
+
+    def _launch(self, bucket):
+        for p in bucket.params:
+            if p.grad is None:  # unused in this step's graph: it contributes nothing
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.detach().reshape(-1) for p in bucket.params])
+        flat.mul_(self._weight())
+        if self._compression != "none" and bucket.residual is None:
+            bucket.residual = torch.zeros(flat.numel(), dtype=torch.float32)
+        residual = bucket.residual if flat.dtype == torch.float32 else None
+        bucket.flat = flat
+        bucket.work = ops.allreduce(flat, "sum", compression=self._compression,
+                                    residual=residual, min_bytes=self._compression_min_bytes,
+                                    comm=self._comm)
+
+    def synchronize(self):
+        """Waits until every bucket's allreduce is done and the gradients hold their results."""
+        for bucket in self._buckets:
+            if bucket.work is None:
+                self._launch(bucket)
+        for bucket in self._buckets:
+            bucket.work.wait()
+            offset = 0
+            for p in bucket.params:
+                n = p.numel()
+                p.grad.copy_(bucket.flat[offset:offset + n].view_as(p.grad))
+                offset += n
+            bucket.ready, bucket.flat, bucket.work = 0, None, None
+
+    def step(self, closure=None):
+        wall = time.perf_counter() - self._phase_wall
+        if self._slowdown > 1.0:
+            self._emulator.end_phase(self._slowdown, wall, time.thread_time() - self._phase_work)
+            wall = time.perf_counter() - self._phase_wall
+        self.compute_seconds.append(wall)
+        self.synchronize()
+        result = self.optimizer.step(closure)
+        if self._sampler is not None and self._sampler.balancing:
+            everyone = ops.allgather_floats([wall], comm=self._comm)
+            self._sampler.record(self.steps, [row[0] for row in everyone])
+        self.steps += 1
+        self._restart_phase()
+        return result
+
+    def zero_grad(self, set_to_none=False):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        self.optimizer.load_state_dict(state)
+
+
+def broadcast_parameters(params, root_rank=0, comm=None):
+    """Every rank gets root's values, in place: `params` is a state_dict, named_parameters() or
+    a list of tensors."""
+    if isinstance(params, dict):
+        tensors = list(params.values())
+    else:
+        tensors = [p[1] if isinstance(p, tuple) else p for p in params]
+    with torch.no_grad():
+        works = [ops.broadcast(t.data, root_rank, comm) for t in tensors]
+        for work in works:
+            work.wait()
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, comm=None):
+    """Every rank's optimizer takes root's state (steps, moments, hyper-parameters)."""
+    inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    state = ops.broadcast_object(inner.state_dict(), root_rank, comm)
+    inner.load_state_dict(state)

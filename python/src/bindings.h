@@ -1,0 +1,25 @@
+// The parts of the module hetra._core, each bound by its own file (module.cc calls them in order).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <chrono>
+
+#include "common/timing.h"
+
+namespace hetra::python {
+
+// Exceptions: hetra's typed errors as Python classes under one base, hetra._core.Error.
+void bindErrors(pybind11::module_& module);
+// The store, rank discovery and the job's store (runtime_binding.cc).
+void bindRuntime(pybind11::module_& module);
+// The communicator on raw buffers and its async handles (comm_binding.cc).
+void bindComm(pybind11::module_& module);
+// The global sampler, the balancer and the slow-device emulation (runtime_binding.cc).
+void bindTraining(pybind11::module_& module);
+
+// Seconds as Python gives them (float) to hetra's milliseconds; negative or NaN is a ConfigError
+// naming `what`.
+Millis millisFromSeconds(double seconds, const char* what);
+
+}  // namespace hetra::python
