@@ -22,10 +22,11 @@ build: deps
 # UBSan and the communication tests under ThreadSanitizer, and the training, launcher, CLI, elastic
 # and config tests under AddressSanitizer + UBSan; then each fuzz target for FUZZ_SECONDS; then the
 # MPI transport; then the CUDA build where the toolkit is installed.
-# Each ctest run leaves a JUnit report; the last line of make test adds them all up.
+# Each ctest run (and pytest) leaves a JUnit report; the last line of make test adds them all up.
 JUNIT := ctest-junit.xml
+PYTEST_JUNIT := pytest-junit.xml
 test: build
-	@rm -f $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
+	@rm -f $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300 --output-junit $(JUNIT)
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory test-asan
@@ -34,13 +35,13 @@ test: build
 	@$(MAKE) --no-print-directory test-fuzz
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory build-cuda
-	@scripts/test-summary.sh $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
+	@scripts/test-summary.sh $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
 
 # The Python package (python/): hetra._core from this build, its tests with pytest on real processes
 # (Debian's interpreter: the first python3 on PATH may not see Debian's torch and pytest).
 test-python: build
 	@cmake --build $(BUILD) -j $(JOBS) --target hetra_core hetra
-	HETRA_PYTHON_PATH=$(CURDIR)/$(BUILD)/python HETRA_BINARY=$(CURDIR)/$(HETRA) /usr/bin/python3 -m pytest -q python/tests
+	HETRA_PYTHON_PATH=$(CURDIR)/$(BUILD)/python HETRA_BINARY=$(CURDIR)/$(HETRA) /usr/bin/python3 -m pytest -q python/tests --junitxml=$(CURDIR)/$(BUILD)/$(PYTEST_JUNIT)
 
 # The sanitizer runs pick their tests by ctest label: tests/CMakeLists.txt assigns every test its
 # label, and its target tests-LABEL builds that label's binaries (ctest builds nothing).
