@@ -146,15 +146,27 @@ Scenario scenario(uint32_t seed) {
 
 constexpr int64_t kBatch = 192;
 
+struct SimulatedRun {
+  Balancer balancer;
+  int changes = 0;  // plan changes at or after step countFrom
+};
+
+// `steps` steps of the scenario, +-5% noise on every micro-batch and its outliers.
+SimulatedRun run(const Scenario& s, uint32_t seed, int64_t steps, int64_t countFrom) {
+  Cluster cluster(s.devices, 0.05, s.outlierRate, seed);
+  SimulatedRun r{Balancer(options(kBatch), capsOf(s.devices))};
+  for (int64_t step = 0; step < steps; ++step)
+    r.changes += cluster.step(r.balancer, step) && step >= countFrom;
+  return r;
+}
+
 // The tests' main claim: after 80 steps the split's true step time is within 2% of the optimum,
 // for every one of 50 seeds (noise +-5% on every micro-batch).
 TEST(BalancerAccuracy, WithinTwoPercentOfBruteForceOptimumForFiftySeeds) {
   double worst = 0.0;
   for (uint32_t seed = 1; seed <= 50; ++seed) {
     const Scenario s = scenario(seed);
-    Cluster cluster(s.devices, 0.05, s.outlierRate, seed);
-    Balancer balancer(options(kBatch), capsOf(s.devices));
-    for (int64_t step = 0; step < 80; ++step) cluster.step(balancer, step);
+    const Balancer balancer = run(s, seed, 80, 80).balancer;
     const double optimum = bruteForceOptimum(s.devices, kBatch);
     const double ratio = trueStep(s.devices, sharesOf(balancer.plan())) / optimum;
     worst = std::max(worst, ratio);
@@ -236,14 +248,10 @@ TEST(BalancerAccuracy, NoOscillationOnStationaryCurves) {
   int all = 0;
   for (uint32_t seed = 1; seed <= 40; ++seed) {
     const Scenario s = scenario(seed);
-    Cluster cluster(s.devices, 0.05, s.outlierRate, seed);
-    Balancer balancer(options(kBatch), capsOf(s.devices));
-    int changes = 0;
-    for (int64_t step = 0; step < 300; ++step)
-      changes += cluster.step(balancer, step) && step >= 60;
-    EXPECT_LE(changes, 3) << "seed " << seed << " (" << s.kind
-                          << "): " << balancer.plan().summary();
-    all += changes;
+    const SimulatedRun r = run(s, seed, 300, 60);
+    EXPECT_LE(r.changes, 3) << "seed " << seed << " (" << s.kind
+                            << "): " << r.balancer.plan().summary();
+    all += r.changes;
   }
   EXPECT_LE(all, 20);
   std::cout << "plan changes after convergence over 40 runs: " << all << "\n";
