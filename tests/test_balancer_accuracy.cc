@@ -144,6 +144,52 @@ Scenario scenario(uint32_t seed) {
   return s;
 }
 
+// --- The model of one device --------------------------------------------------------------
+
+// The fit's uncertainty means what it says: over 200 seeds of +-5% uniform noise (a standard
+// deviation of 5% / sqrt(3)) at two sizes, the true time at a size between them is within two
+// standard errors of the prediction in at least 90% of the seeds, and the noise estimate is close
+// to the noise.
+TEST(ThroughputModelUncertainty, StandardErrorCoversTheTrueCurve) {
+  const Curve truth{2e-3, 1e-4, 0.0};
+  const double sigma = 0.05 / std::sqrt(3.0);
+  int covered = 0;
+  double noiseSum = 0.0;
+  for (uint32_t seed = 1; seed <= 200; ++seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> jitter(0.95, 1.05);
+    ThroughputModel model;
+    for (int64_t step = 0; step < 30; ++step) {
+      const int64_t m = step % 2 == 0 ? 32 : 48;
+      model.addStep(step, {{m, truth.seconds(m) * jitter(rng)}});
+    }
+    const CostModel& c = model.cost();
+    covered += std::abs(c.seconds(40, 1) - truth.seconds(40)) <= 2.0 * c.standardError(40, 1);
+    noiseSum += c.noise;
+  }
+  EXPECT_GE(covered, 180);
+  EXPECT_NEAR(noiseSum / 200 / sigma, 1.0, 0.3);
+}
+
+// Per-sample cost falling with the micro-batch (t = a + c m + d sqrt(m)): after steps at several
+// sizes, the model is the curve's tangent where the rank runs now, exact in level there within
+// 1.5% and in slope within 10%, wherever that is.
+TEST(ThroughputModelUncertainty, FollowsANonLinearCurveWhereTheRankRuns) {
+  const Curve truth{5e-4, 1e-4, 1.5e-3};
+  for (int64_t now : {12, 40, 160}) {
+    ThroughputModel model;
+    const std::vector<int64_t> sizes = {8, 16, 32, 64, 128, 256};
+    int64_t step = 0;
+    for (; step < 24; ++step)
+      model.addStep(step, {{sizes[size_t(step) % 6], truth.seconds(sizes[size_t(step) % 6])}});
+    for (int k = 0; k < 6; ++k, ++step) model.addStep(step, {{now, truth.seconds(now)}});
+    const CostModel& c = model.cost();
+    EXPECT_NEAR(c.seconds(now, 1) / truth.seconds(now), 1.0, 0.015) << "at " << now;
+    const double slope = truth.perSample + 0.5 * truth.concave / std::sqrt(double(now));
+    EXPECT_NEAR(c.perSample / slope, 1.0, 0.1) << "at " << now;
+  }
+}
+
 constexpr int64_t kBatch = 192;
 
 struct SimulatedRun {

@@ -146,6 +146,13 @@ int64_t latestSize(const std::vector<ThroughputPoint>& points) {
   return size;
 }
 
+int distinctSteps(const std::vector<ThroughputPoint>& points) {
+  int steps = 0;
+  for (size_t j = 0; j < points.size(); ++j)
+    steps += j == 0 || points[j - 1].step != points[j].step;
+  return steps;
+}
+
 // Index of the first point of the last `steps` distinct steps (0 when there are not more).
 size_t firstOfLastSteps(const std::vector<ThroughputPoint>& points, int steps) {
   int distinct = 0;
@@ -175,27 +182,15 @@ void ThroughputModel::addStep(int64_t step,
   for (auto& [microBatch, times] : bySize)
     points_.push_back({step, microBatch, median(times), int64_t(times.size())});
 
-  // Keep the last kWindowSteps distinct steps.
-  int distinct = 0;
-  size_t keepFrom = 0;
-  for (size_t j = points_.size(); j-- > 0;) {
-    if (j + 1 == points_.size() || points_[j].step != points_[j + 1].step) {
-      if (++distinct > kWindowSteps) {
-        keepFrom = j + 1;
-        break;
-      }
-    }
-  }
-  points_.erase(points_.begin(), points_.begin() + ptrdiff_t(keepFrom));
+  if (distinctSteps(points_) > kWindowSteps)
+    points_.erase(points_.begin(),
+                  points_.begin() + ptrdiff_t(firstOfLastSteps(points_, kWindowSteps)));
   refit(step);
 }
 
 bool ThroughputModel::speedChanged() const {
   // The older points must stand on their own (as many steps as the recent ones) to judge by.
-  int steps = 0;
-  for (size_t j = 0; j < points_.size(); ++j)
-    steps += j == 0 || points_[j - 1].step != points_[j].step;
-  if (steps < 2 * kChangeSteps) return false;
+  if (distinctSteps(points_) < 2 * kChangeSteps) return false;
   const size_t recent = firstOfLastSteps(points_, kChangeSteps);
   const std::vector<ThroughputPoint> older(points_.begin(), points_.begin() + ptrdiff_t(recent));
   const CostModel before = robustFit(older, points_.back().step, latestSize(points_));
