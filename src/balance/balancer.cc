@@ -329,8 +329,8 @@ Balancer::Decision Balancer::decide(int64_t step) {
     const double gain = current > 0.0 ? 1.0 - stepSeconds(fitted, caps_, shares) / current : 0.0;
     options.push_back({fraction, std::move(shares), gain, quantile(gains, kSureQuantile)});
   }
-  if (options.empty()) return {};
-  if (options.front().fraction == 1.0) lastSureGain_ = options.front().sureGain;
+  // The whole way (fraction 1) is the candidate itself, which differs from the plan.
+  lastSureGain_ = options.front().sureGain;
   const auto decision = [&](const Option& o, bool probe) {
     return Decision{
         o.shares, probe,
@@ -338,12 +338,15 @@ Balancer::Decision Balancer::decide(int64_t step) {
             " beyond timing noise), ", percent(o.fraction), " of the way to the best split (gain ",
             percent(lastGain_), "), step ", current, "s -> ", current * (1.0 - o.gain), "s")};
   };
+  // Static mode decides once, with nothing to refine later: the whole way, on the predicted gain.
+  if (options_.mode == Mode::Static)
+    return lastGain_ > options_.rebalanceThreshold ? decision(options.front(), false) : Decision{};
   for (const Option& o : options)
     if (o.sureGain > options_.rebalanceThreshold) return decision(o, false);
   // A probe measures the curve between plan and candidate, which helps when the gain is unsure
   // through the extrapolation; a gain within the levels' own errors is what noise makes of a
-  // converged split, and probing it would only move the split around.
-  // The slowest of n noisy levels is off by about sqrt(2 ln n) of their error.
+  // converged split (the slowest of n noisy levels is off by about sqrt(2 ln n) of their error),
+  // and probing it would only move the split around.
   double levelError = 0.0;
   for (const auto& c : fitted) levelError = std::max(levelError, c.relativeError);
   const double noiseGain =

@@ -38,7 +38,8 @@
 //               probe when the streak reaches persistSteps and at least minStepsBetweenChanges
 //               steps ran on the current plan. Never locked in: the models are refitted from every
 //               step, and any sure gain above the threshold moves the split again.
-//   static      the same decision at the end of profiling, then the plan is fixed.
+//   static      one decision at the end of profiling, the whole way to the candidate if its
+//               predicted gain exceeds the threshold (no later step refines it), then fixed.
 //   equal       equal split forever (PyTorch DDP), remainder to the lowest ranks; micro-batches
 //               still capped by memory.
 //
