@@ -21,13 +21,13 @@
 //               of every rank's change): the farthest whose sure gain exceeds the threshold. A
 //               model is surest near where it was measured, so when the whole way is not sure,
 //               half of it may be; the next steps measure there and refine.
-//   probe       when no move is sure but the predicted gain exceeds twice the threshold and
-//               kProbeSigmas * sqrt(2 ln ranks) times the largest relative error of a rank's level
-//               (about what the slowest of the noisy levels is off by): more than the
-//               level noise of converged models explains, so the extrapolation is unsure: the
-//               farthest fraction whose sure loss (the gain's quantile, negated) stays below
-//               kProbeCost, so the measurement costs at most that, and only if it is predicted
-//               to gain. It measures the curve between the plan and the candidate.
+//   probe       a fraction adopted although no move is sure, when the predicted gain is beyond
+//               what the noise of converged models makes (kProbeSigmas * sqrt(2 ln ranks) times
+//               the largest relative error of a rank's level: about how far the slowest of the
+//               noisy levels is off) and twice the threshold: the gain is then unsure through the
+//               extrapolation, which measuring between plan and candidate settles. The farthest
+//               fraction predicted to gain whose sure loss (its sure gain, negated) is at most
+//               kProbeCost: a probe costs at most that.
 //   regret      (T(plan) - T(best split)) / T(plan) under the current models: how far the split
 //               in use is from the balancer's own ideal.
 //   profiling   the first profileSteps steps, run on the initial equal split to measure every rank.
@@ -47,7 +47,9 @@
 // persistSteps) steps, and only on a gain beyond the models' uncertainty for persistSteps steps.
 // Noise reaches the models only through a median per step and a decaying least-squares fit with
 // outliers dropped. And a plan under which the measured times are equal is optimal under every
-// model that fits those measurements, so once there, no gain is predicted.
+// model that fits those measurements, so once there, no gain is predicted. Measured
+// (tests/test_balancer.cc, tests/test_balancer_accuracy.cc): with +-10% uniform noise at most two
+// changes in 280 steps after convergence; with +-5% and outlier steps at most three in 240.
 //
 // Telemetry seam: a device's own signals (GPU clocks, throttling, utilisation: NVML or ROCm SMI)
 // arrive through hintSpeedChange(rank), which makes that rank's model forget the points before
