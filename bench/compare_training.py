@@ -466,7 +466,7 @@ def render(saved, spread):
             cell(per_round(saved, lambda r: res[hk][r]["plan_versions"]), 0, spread)]) + " |")
     ddp_scenarios = [sc for sc in saved["scenarios"] if sc.get("ddp", True)]
     lines += ["", "| scenario | hetra | DDP-equal | hetra/DDP-equal | DDP-proportional (split) | "
-              "hetra/DDP-proportional |", "|---|---|---|---|---|---|"]
+              "hetra/DDP-proportional |", "|---|---|---|---|---|---|"] if ddp_scenarios else []
     for sc in ddp_scenarios:
         name = sc["name"]
         hk, dk, pk = f"hetra-{name}", f"ddp-{name}", f"ddp-{name}-prop"
@@ -495,8 +495,10 @@ def render(saved, spread):
     for sc in ddp_scenarios:
         sl = sc["slowdowns"]
         bounds.append(f"{sc['name']} {sum(1 / s for s in sl) / (len(sl) / max(sl)):.2f}x")
-    lines.append("Upper bound of hetra/DDP-equal if hetra reached the whole-batch ideal and DDP its own bound (N x "
-                 "the slowest solo, same per-sample speed): sum(1/s_i) / (N / max s_i) = " + ", ".join(bounds) + ".")
+    if bounds:
+        lines.append("Upper bound of hetra/DDP-equal if hetra reached the whole-batch ideal and DDP its own bound "
+                     "(N x the slowest solo, same per-sample speed): sum(1/s_i) / (N / max s_i) = " +
+                     ", ".join(bounds) + ".")
     k1 = next((v for kk, v in saved["solo_key"].items() if kk.split(":")[1] == "1" and
                int(kk.split(":")[2]) == next(sc["global_batch"] for sc in saved["scenarios"]
                                               if sc["name"] == kk.split(":")[0])), None)
@@ -507,7 +509,7 @@ def render(saved, spread):
                      "hetra/PyTorch " + cell(per_round(saved, lambda r: sps(k1, r) / sps("torch-solo-1", r)),
                                              2, spread, "x") + ".")
     lines += ["", "Where the time goes (medians over rounds of each run's median over the measured steps; "
-              "ms per step; DDP = DDP-equal):", ""]
+              "ms per step; DDP = DDP-equal):", ""] if ddp_scenarios else []
     for sc in ddp_scenarios:
         name = sc["name"]
         ideal_vals = per_round(saved, lambda r: optimal(sc, r)[0])
@@ -535,12 +537,13 @@ def render(saved, spread):
                 f"{(step - compute - comm) * 1e3:.2f} | {d[0]['batch']} | {dcpu * 1e3:.2f} | {dwait * 1e3:.2f} | "
                 f"{median(x['sleep_s'] for x in d) * 1e3:.2f} |")
         lines.append("")
-    lines.append("hetra batch, micro x accum: range over rounds of the last step's plan. compute = the rank's "
-                 "compute phases incl. the emulation's sleep; comm = waiting for the gradient allreduce after "
-                 "them; rest = step time - compute - comm (optimizer step, per-step stats allgather, sampling: "
-                 "real work, not slowed by the emulation). DDP compute (cpu) = main-thread CPU time of the "
-                 "phase; wait+comm = the rest of its wall time, sleeps excluded (waiting for the other ranks, "
-                 "for a CPU, and for the allreduce); DDP sleep = the emulation's sleep before the forward.")
+    if ddp_scenarios:
+        lines.append("hetra batch, micro x accum: range over rounds of the last step's plan. compute = the rank's "
+                     "compute phases incl. the emulation's sleep; comm = waiting for the gradient allreduce after "
+                     "them; rest = step time - compute - comm (optimizer step, per-step stats allgather, sampling: "
+                     "real work, not slowed by the emulation). DDP compute (cpu) = main-thread CPU time of the "
+                     "phase; wait+comm = the rest of its wall time, sleeps excluded (waiting for the other ranks, "
+                     "for a CPU, and for the allreduce); DDP sleep = the emulation's sleep before the forward.")
     if saved.get("failures"):
         lines.append(f"\n**{saved['failures']} run(s) failed**: see the logs next to results.json.")
     return "\n".join(lines) + "\n"
