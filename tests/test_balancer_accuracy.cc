@@ -190,6 +190,23 @@ TEST(ThroughputModelUncertainty, FollowsANonLinearCurveWhereTheRankRuns) {
   }
 }
 
+// A neighbour's burst of work slows a rank erratically for a few steps (1.5x, 3x, 1.8x): outliers,
+// and the model stays; a device that became 2x slower (every step 2x, +-2%) is taken after
+// kChangeSteps steps.
+TEST(ThroughputModelUncertainty, ErraticSlowStepsAreNotAChangeOfSpeed) {
+  for (bool erratic : {true, false}) {
+    ThroughputModel model;
+    int64_t step = 0;
+    for (; step < 20; ++step) model.addStep(step, {{100, step % 2 ? 0.101 : 0.099}});
+    const std::vector<double> factors =
+        erratic ? std::vector<double>{1.5, 3.0, 1.8} : std::vector<double>{2.02, 1.98, 2.0};
+    for (double factor : factors) model.addStep(step++, {{100, 0.1 * factor}});
+    EXPECT_EQ(model.changes(), erratic ? 0 : 1);
+    EXPECT_NEAR(model.cost().perSample, erratic ? 0.001 : 0.002, 5e-5)
+        << (erratic ? "erratic" : "lasting");
+  }
+}
+
 constexpr int64_t kBatch = 192;
 
 struct SimulatedRun {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -196,13 +197,19 @@ bool ThroughputModel::speedChanged() const {
   const CostModel before = robustFit(older, points_.back().step, latestSize(points_));
   const double margin = std::max(std::log(kChangeRatio), kChangeSigmas * before.noise);
   int above = 0, below = 0;
+  double lowest = std::numeric_limits<double>::infinity(), highest = -lowest;
   for (size_t j = recent; j < points_.size(); ++j) {
     const double offBy = std::log(points_[j].seconds / before.seconds(points_[j].microBatch, 1));
     above += offBy > margin;
     below += offBy < -margin;
+    lowest = std::min(lowest, offBy);
+    highest = std::max(highest, offBy);
   }
+  // A new speed is one level: the recent points agree among themselves as closely as they
+  // disagree with the old fit. Interference (a neighbour's burst of work) is erratic: 1.5x, 3x,
+  // 1.8x in three steps is outliers, not a device that changed.
   const int recentPoints = int(points_.size() - recent);
-  return above == recentPoints || below == recentPoints;
+  return (above == recentPoints || below == recentPoints) && highest - lowest <= 2.0 * margin;
 }
 
 void ThroughputModel::refit(int64_t now) {

@@ -23,11 +23,12 @@
 //   inlier       a point whose time is within a factor kOutlierRatio of the fit, after
 //                normalising by the weighted median of all points' ratios to the fit. Outliers (a
 //                preempted step, a late sleep) are dropped.
-//   change       the last kChangeSteps steps' points all on the same side of the fit, each off by
-//                at least a factor kChangeRatio and by kChangeSigmas times the noise: the device's
-//                speed changed, so the older points are forgotten and the model is the new speed's
-//                after kChangeSteps steps instead of drifting through the average. A spike in one
-//                or two steps is not a change.
+//   change       the last kChangeSteps steps' points all on the same side of the older points'
+//                fit, each off by at least a margin (a factor kChangeRatio, and kChangeSigmas times
+//                the noise), and within twice that margin of each other: the device's speed
+//                changed, so the older points are forgotten and the model is the new speed's after
+//                kChangeSteps steps instead of drifting through the average. A spike in one or two
+//                steps is not a change, nor are erratic slow steps (interference).
 //   noise        the relative spread of one point around the fit (the step-to-step timing noise),
 //                pulled toward kNoisePrior by kNoisePriorPoints pseudo-points.
 //   uncertainty  the covariance of (overhead, perSample) of the weighted least squares, noise^2
