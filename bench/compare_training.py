@@ -17,6 +17,9 @@ The two ideals of docs/benchmarks.md, computed within each round:
   - balancer-optimal ideal = B / min over integer splits sum b_i = B of max_i t_i(b_i), with t_i linear
     between the measured points (and from t_i(0) = 0 to the smallest one).
 efficiency = hetra samples/s / ideal; hetra/DDP-equal and hetra/DDP-proportional are speed ratios.
+--models and --slowdown-sets turn each scenario into one per (model, slowdowns), the config's model and devices
+replaced (no memory caps): e.g. --models mlp,cnn,transformer --slowdown-sets 1,2,4/1,3,3. The DDP peer trains
+the MLP 784-512-512-10 only: its runs are left out for the other models, and everywhere with --no-ddp.
 Runs whose effective hetra configs are equal (--print-config) are measured once per round and shared.
 Every measuring process runs under `flock LOCK` (--lock), so it never overlaps another measurement that
 takes the same lock. The tables show medians over rounds with (min-max). Prints Markdown for
@@ -62,6 +65,11 @@ def parse_args():
     p.add_argument("--curve", default="0.0625,0.125,0.25,0.5,0.75",
                    help="global batches of the solo time curves besides B, as fractions of B (comma separated)")
     p.add_argument("--no-torch-solo", dest="torch_solo", action="store_false")
+    p.add_argument("--models", default="", help="comma list of hetra models (mlp, cnn, transformer) to run each "
+                   "scenario with, instead of its config's")
+    p.add_argument("--slowdown-sets", default="", help="slash list of comma lists of slowdowns, e.g. 1,2,4/1,3,3: "
+                   "each scenario's devices replaced by these (one device per slowdown)")
+    p.add_argument("--no-ddp", dest="ddp", action="store_false", help="leave out the PyTorch DDP runs")
     p.add_argument("--hetra", default=os.path.join(ROOT, "build", "tools", "hetra", "hetra"))
     p.add_argument("--torch-python",
                    default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
@@ -72,6 +80,13 @@ def parse_args():
     p.add_argument("--out", default=None, help="directory for raw results (default bench/out/train-<time>)")
     a = p.parse_args()
     a.scenarios = [s for s in a.scenarios.split(",") if s]
+    a.models = [m for m in a.models.split(",") if m]
+    try:
+        a.slowdown_sets = [[float(x) for x in group.split(",")] for group in a.slowdown_sets.split("/") if group]
+    except ValueError:
+        p.error("--slowdown-sets: comma lists of numbers separated by '/', e.g. 1,2,4/1,3,3")
+    if any(x < 1 for group in a.slowdown_sets for x in group):
+        p.error("--slowdown-sets: every slowdown must be >= 1")
     try:
         a.curve = sorted({float(f) for f in a.curve.split(",") if f.strip()})
     except ValueError:
@@ -107,14 +122,37 @@ def load_scenario(name, spec):
     train, devices = cfg.get("train", {}), cfg.get("devices", [{}])
     if any(int(d.get("threads", 1)) != 1 for d in devices):
         raise SystemExit(f"{path}: the DDP peer runs one thread per rank; every device needs threads = 1")
-    if cfg.get("model", {}).get("name", "mlp") != "mlp" or cfg.get("model", {}).get("hidden", [512, 512]) != [512, 512]:
-        raise SystemExit(f"{path}: the DDP peer trains the MLP 784-512-512-10 only")
+    model = cfg.get("model", {})
+    mlp = model.get("name", "mlp") == "mlp" and model.get("hidden", [512, 512]) == [512, 512]
     return {"name": name, "config": path, "slowdowns": [float(d.get("slowdown", 1)) for d in devices],
+            "sets": [], "ddp": mlp,
             "global_batch": int(train.get("global_batch", 512)), "lr": float(train.get("lr", DEFAULTS["lr"])),
             "momentum": float(train.get("momentum", DEFAULTS["momentum"])),
             "nesterov": bool(train.get("nesterov", DEFAULTS["nesterov"])),
             "seed": int(train.get("seed", DEFAULTS["seed"])),
             "profile_steps": int(cfg.get("balance", {}).get("profile_steps", DEFAULTS["profile_steps"]))}
+
+
+def expand(a, scenarios):
+    """One scenario per (scenario, model, slowdown set) of --models x --slowdown-sets (each defaulting to the
+    scenario's own)."""
+    out = []
+    for sc in scenarios:
+        for model in a.models or [None]:
+            for slowdowns in a.slowdown_sets or [None]:
+                x = dict(sc, sets=list(sc["sets"]))
+                if model:
+                    x["name"] += f"-{model}"
+                    x["sets"].append(f'model.name="{model}"')
+                    x["ddp"] = sc["ddp"] and model == "mlp"
+                if slowdowns:
+                    x["name"] += "-" + "-".join(f"{s:g}" for s in slowdowns)
+                    x["slowdowns"] = slowdowns
+                    x["sets"].append("devices=[" + ", ".join(f'{{name="d{i}", slowdown={s:g}}}'
+                                                             for i, s in enumerate(slowdowns)) + "]")
+                x["ddp"] = x["ddp"] and a.ddp
+                out.append(x)
+    return out
 
 
 def warmup_of(steps, profile_steps):
@@ -161,7 +199,7 @@ def plan_runs(a, scenarios):
             steps = a.solo_steps if s == 1 else max(60, int(a.solo_steps / s))
             for b in curve_batches(a, sc["global_batch"]):
                 whole = b == sc["global_batch"]
-                sets = hetra_sets(steps, s, None if whole else b)
+                sets = sc["sets"] + hetra_sets(steps, s, None if whole else b)
                 text = effective_config(a, sc["config"], sets)
                 key = next((k for k, r in runs.items() if r.get("text") == text), None)
                 if key is None:
@@ -170,15 +208,17 @@ def plan_runs(a, scenarios):
                     runs[key] = {"kind": "hetra", "config": sc["config"], "sets": sets, "text": text,
                                  "batch": b, "warmup": warmup_of(steps, sc["profile_steps"])}
                 solo_key[(sc["name"], s, b)] = key
-        runs[f"hetra-{sc['name']}"] = {"kind": "hetra", "config": sc["config"], "sets": hetra_sets(a.steps),
+        runs[f"hetra-{sc['name']}"] = {"kind": "hetra", "config": sc["config"],
+                                       "sets": sc["sets"] + hetra_sets(a.steps),
                                        "warmup": warmup_of(a.steps, sc["profile_steps"])}
-        splits = ["equal"] + (["proportional"] if len(set(sc["slowdowns"])) > 1 else [])
+        splits = (["equal"] + (["proportional"] if len(set(sc["slowdowns"])) > 1 else [])) if sc["ddp"] else []
         for split in splits:
             runs[f"ddp-{sc['name']}" + ("" if split == "equal" else "-prop")] = {
                 "kind": "torch", "scenario": sc, "split": split, "steps": a.steps,
                 "warmup": warmup_of(a.steps, sc["profile_steps"])}
-    if a.torch_solo and scenarios:
-        sc = scenarios[0]
+    ddp_scenarios = [sc for sc in scenarios if sc["ddp"]]
+    if a.torch_solo and ddp_scenarios:
+        sc = ddp_scenarios[0]
         runs["torch-solo-1"] = {"kind": "torch", "scenario": sc, "solo": 1.0, "steps": a.solo_steps,
                                 "warmup": warmup_of(a.solo_steps, sc["profile_steps"])}
     for r in runs.values():
@@ -233,6 +273,8 @@ def hetra_result(path, warmup):
                       "comm_s": median(s["ranks"][i]["comm_s"] for s in steps)})
     return {"samples_per_s": final["samples_per_s"], "step_time_s": median(s["step_time_s"] for s in steps),
             "ideal_samples_per_s": median(s.get("ideal_samples_per_s") for s in steps),
+            "median_step_samples_per_s": median(s["samples"] / s["step_time_s"] for s in steps),
+            "regret": median(s.get("balance_regret") for s in steps),
             "plan_versions": len({s.get("plan_version") for s in steps}), "ranks": ranks}
 
 
@@ -280,7 +322,7 @@ def main():
     unknown = [s for s in a.scenarios if "=" not in s and s not in SCENARIOS]
     if unknown:
         raise SystemExit(f"unknown scenario(s) {unknown}: use {', '.join(SCENARIOS)} or NAME=CONFIG.toml")
-    scenarios = [load_scenario(s.split("=", 1)[0], s) for s in a.scenarios]
+    scenarios = expand(a, [load_scenario(s.split("=", 1)[0], s) for s in a.scenarios])
     out = a.out or os.path.join(ROOT, "bench", "out", "train-" + time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
     runs, solo_key = plan_runs(a, scenarios)
@@ -408,9 +450,24 @@ def render(saved, spread):
             cell(per_round(saved, lambda r: sps(hk, r)), 0, spread),
             cell(per_round(saved, lambda r: sps(hk, r) / whole_ideal(sc, r)), 3, spread),
             cell(per_round(saved, lambda r: sps(hk, r) / optimal(sc, r)[0]), 3, spread)]) + " |")
-    lines += ["", "| scenario | hetra | DDP-equal | hetra/DDP-equal | DDP-proportional (split) | "
-              "hetra/DDP-proportional |", "|---|---|---|---|---|---|"]
+    lines += ["", "Balancer quality: hetra's median step as samples/s (B / the median step time over the measured "
+              "steps) against the balancer-optimal ideal of its round; min = the worst round. The balancer's regret "
+              "= its own prediction of how far its split is from its ideal (balance_regret, median over the "
+              "measured steps).", "",
+              "| scenario | balancer-optimal ideal | hetra median step | ÷ balancer-optimal | balancer's regret | "
+              "plan versions after warm-up |", "|---|---|---|---|---|---|"]
     for sc in saved["scenarios"]:
+        hk = f"hetra-{sc['name']}"
+        lines.append("| " + " | ".join([
+            sc["name"], cell(per_round(saved, lambda r: optimal(sc, r)[0]), 0, spread),
+            cell(per_round(saved, lambda r: res[hk][r]["median_step_samples_per_s"]), 0, spread),
+            cell(per_round(saved, lambda r: res[hk][r]["median_step_samples_per_s"] / optimal(sc, r)[0]), 3, spread),
+            cell(per_round(saved, lambda r: res[hk][r]["regret"] * 100), 1, spread, "%"),
+            cell(per_round(saved, lambda r: res[hk][r]["plan_versions"]), 0, spread)]) + " |")
+    ddp_scenarios = [sc for sc in saved["scenarios"] if sc.get("ddp", True)]
+    lines += ["", "| scenario | hetra | DDP-equal | hetra/DDP-equal | DDP-proportional (split) | "
+              "hetra/DDP-proportional |", "|---|---|---|---|---|---|"] if ddp_scenarios else []
+    for sc in ddp_scenarios:
         name = sc["name"]
         hk, dk, pk = f"hetra-{name}", f"ddp-{name}", f"ddp-{name}-prop"
         has_prop = pk in res
@@ -435,11 +492,13 @@ def render(saved, spread):
                 for b in batches) + " |")
         lines.append("")
     bounds = []
-    for sc in saved["scenarios"]:
+    for sc in ddp_scenarios:
         sl = sc["slowdowns"]
         bounds.append(f"{sc['name']} {sum(1 / s for s in sl) / (len(sl) / max(sl)):.2f}x")
-    lines.append("Upper bound of hetra/DDP-equal if hetra reached the whole-batch ideal and DDP its own bound (N x "
-                 "the slowest solo, same per-sample speed): sum(1/s_i) / (N / max s_i) = " + ", ".join(bounds) + ".")
+    if bounds:
+        lines.append("Upper bound of hetra/DDP-equal if hetra reached the whole-batch ideal and DDP its own bound "
+                     "(N x the slowest solo, same per-sample speed): sum(1/s_i) / (N / max s_i) = " +
+                     ", ".join(bounds) + ".")
     k1 = next((v for kk, v in saved["solo_key"].items() if kk.split(":")[1] == "1" and
                int(kk.split(":")[2]) == next(sc["global_batch"] for sc in saved["scenarios"]
                                               if sc["name"] == kk.split(":")[0])), None)
@@ -450,8 +509,8 @@ def render(saved, spread):
                      "hetra/PyTorch " + cell(per_round(saved, lambda r: sps(k1, r) / sps("torch-solo-1", r)),
                                              2, spread, "x") + ".")
     lines += ["", "Where the time goes (medians over rounds of each run's median over the measured steps; "
-              "ms per step; DDP = DDP-equal):", ""]
-    for sc in saved["scenarios"]:
+              "ms per step; DDP = DDP-equal):", ""] if ddp_scenarios else []
+    for sc in ddp_scenarios:
         name = sc["name"]
         ideal_vals = per_round(saved, lambda r: optimal(sc, r)[0])
         ideal_step = sc["global_batch"] / statistics.median(ideal_vals) * 1e3 if ideal_vals else None
@@ -478,12 +537,13 @@ def render(saved, spread):
                 f"{(step - compute - comm) * 1e3:.2f} | {d[0]['batch']} | {dcpu * 1e3:.2f} | {dwait * 1e3:.2f} | "
                 f"{median(x['sleep_s'] for x in d) * 1e3:.2f} |")
         lines.append("")
-    lines.append("hetra batch, micro x accum: range over rounds of the last step's plan. compute = the rank's "
-                 "compute phases incl. the emulation's sleep; comm = waiting for the gradient allreduce after "
-                 "them; rest = step time - compute - comm (optimizer step, per-step stats allgather, sampling: "
-                 "real work, not slowed by the emulation). DDP compute (cpu) = main-thread CPU time of the "
-                 "phase; wait+comm = the rest of its wall time, sleeps excluded (waiting for the other ranks, "
-                 "for a CPU, and for the allreduce); DDP sleep = the emulation's sleep before the forward.")
+    if ddp_scenarios:
+        lines.append("hetra batch, micro x accum: range over rounds of the last step's plan. compute = the rank's "
+                     "compute phases incl. the emulation's sleep; comm = waiting for the gradient allreduce after "
+                     "them; rest = step time - compute - comm (optimizer step, per-step stats allgather, sampling: "
+                     "real work, not slowed by the emulation). DDP compute (cpu) = main-thread CPU time of the "
+                     "phase; wait+comm = the rest of its wall time, sleeps excluded (waiting for the other ranks, "
+                     "for a CPU, and for the allreduce); DDP sleep = the emulation's sleep before the forward.")
     if saved.get("failures"):
         lines.append(f"\n**{saved['failures']} run(s) failed**: see the logs next to results.json.")
     return "\n".join(lines) + "\n"

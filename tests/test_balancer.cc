@@ -386,9 +386,10 @@ TEST(Balancer, AdaptsAfterARankBecomesThreeTimesSlower) {
 }
 
 // Stated bound: with +-10% uniform noise on every micro-batch, after convergence (step 20) the
-// split changes at most twice in 280 steps of any run, at most 6 times over all 24 runs (3 clusters
-// x 8 seeds; a balancer without the noise margin and persistence makes dozens), and a plan never
-// costs more than 10% against the true optimum.
+// split changes at most twice in 280 steps of any run, at most 12 times over all 24 runs (3
+// clusters x 8 seeds; a balancer without the noise margin and persistence makes dozens; the
+// balancer refines down to a 1% sure gain and probes, where it used to stop at 5%: it made 6), and
+// a plan never costs more than 10% against the true optimum.
 TEST(Balancer, DoesNotOscillateUnderTenPercentNoise) {
   struct Case {
     std::vector<Device> devices;
@@ -425,7 +426,7 @@ TEST(Balancer, DoesNotOscillateUnderTenPercentNoise) {
       allChanges += changes;
     }
   }
-  EXPECT_LE(allChanges, 6);
+  EXPECT_LE(allChanges, 12);
   std::cout << "plan changes after convergence over 24 noisy runs: " << allChanges << "\n";
 }
 

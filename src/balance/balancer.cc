@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -17,10 +18,9 @@ namespace hetra::balance {
 namespace {
 
 constexpr const char* kSubsys = "balance";
-constexpr int kStateFormat = 1;
-// A change must pay off even when the current plan is predicted one standard error faster and the
-// candidate one standard error slower than their nominal predictions: noise alone rarely does that.
-constexpr double kConfidence = 1.0;
+constexpr int kStateFormat = 2;
+// Fractions of the way from the plan to the candidate a move or a probe may go, farthest first.
+constexpr double kFractions[] = {1.0, 0.5, 0.25};
 
 // The parameters' defaults are BalancerOptions' defaults, so the two cannot drift apart.
 const BalancerOptions kDefaults;
@@ -73,6 +73,62 @@ int narrowInt(int64_t value, const char* what) {
   if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max())
     throw ConfigError(str("balance: ", what, "=", value, " is out of range"));
   return int(value);
+}
+
+// Two independent standard normals from a generator whose sequence the standard fixes
+// (Box-Muller on 53-bit uniforms), so every rank draws the same numbers.
+std::pair<double, double> normalPair(std::mt19937_64& rng) {
+  const double u1 = (double(rng() >> 11) + 0.5) * 0x1.0p-53;
+  const double u2 = double(rng() >> 11) * 0x1.0p-53;
+  const double radius = std::sqrt(-2.0 * std::log(u1)), angle = 2.0 * M_PI * u2;
+  return {radius * std::cos(angle), radius * std::sin(angle)};
+}
+
+// One cost model drawn from the fit's uncertainty: (a, c) + L z with L the Cholesky factor of
+// their covariance.
+CostModel drawn(const CostModel& fit, std::mt19937_64& rng) {
+  const auto [z1, z2] = normalPair(rng);
+  CostModel c = fit;
+  const double l00 = std::sqrt(fit.overheadVariance);
+  const double l10 = l00 > 0.0 ? fit.covariance / l00 : 0.0;
+  const double l11 = std::sqrt(std::max(0.0, fit.perSampleVariance - l10 * l10));
+  c.overhead = fit.overhead + l00 * z1;
+  c.perSample = std::max(fit.perSample + l10 * z1 + l11 * z2, 1e-3 * fit.perSample);
+  return c;
+}
+
+double stepSeconds(const std::vector<CostModel>& costs, const std::vector<int64_t>& caps,
+                   const std::vector<int64_t>& shares) {
+  double worst = 0.0;
+  for (size_t i = 0; i < shares.size(); ++i)
+    worst = std::max(worst, predictSeconds(costs[i], shares[i], caps[i]));
+  return worst;
+}
+
+// The split `fraction` of the way from `from` to `to`, in whole samples with the same total
+// (largest remainders first, ties to the lower rank).
+std::vector<int64_t> partWay(const std::vector<int64_t>& from, const std::vector<int64_t>& to,
+                             double fraction) {
+  std::vector<int64_t> shares(from.size());
+  std::vector<std::pair<double, size_t>> remainders;
+  int64_t total = 0, left = 0;
+  for (size_t i = 0; i < from.size(); ++i) {
+    const double target = double(from[i]) + fraction * double(to[i] - from[i]);
+    shares[i] = int64_t(std::floor(target));
+    remainders.push_back({-(target - double(shares[i])), i});
+    total += from[i];
+    left -= shares[i];
+  }
+  left += total;
+  std::sort(remainders.begin(), remainders.end());
+  for (size_t j = 0; j < size_t(left); ++j) ++shares[remainders[j].second];
+  return shares;
+}
+
+// The q-quantile of `values` (sorted in place), the lower of the two nearest on a tie.
+double quantile(std::vector<double> values, double q) {
+  std::sort(values.begin(), values.end());
+  return values[size_t(q * double(values.size() - 1))];
 }
 
 }  // namespace
@@ -149,6 +205,26 @@ double Balancer::idealSamplesPerSecond() const {
                                          : 0.0;
 }
 
+double Balancer::regret() const {
+  const double ideal = idealSamplesPerSecond();
+  if (ideal <= 0.0 || plan_.predictedStepSeconds <= 0.0) return 0.0;
+  return std::max(0.0, 1.0 - double(options_.globalBatch) / ideal / plan_.predictedStepSeconds);
+}
+
+void Balancer::hintSpeedChange(int rank) {
+  HETRA_ENFORCE(rank >= 0 && rank < ranks(), "rank ", rank, " of ", ranks());
+  models_[size_t(rank)].forgetPoints();
+  HETRA_INFO(kSubsys, "rank ", rank, ": speed change hinted; its model starts over");
+}
+
+std::vector<std::vector<CostModel>> Balancer::drawCosts(int64_t step) const {
+  std::mt19937_64 rng(0x9e3779b97f4a7c15ULL ^ uint64_t(step));
+  std::vector<std::vector<CostModel>> draws(kDraws);
+  for (auto& costs : draws)
+    for (const auto& m : models_) costs.push_back(drawn(m.cost(), rng));
+  return draws;
+}
+
 Plan Balancer::makePlan(const std::vector<int64_t>& shares) const {
   Plan p;
   for (size_t i = 0; i < shares.size(); ++i) {
@@ -207,39 +283,78 @@ bool Balancer::endStep(int64_t step) {
     return false;
   }
 
-  const std::vector<int64_t> candidateShares = optimalShares(costs(), caps_, options_.globalBatch);
-  const Plan candidate = makePlan(candidateShares);
-  const double current = plan_.predictedStepSeconds;
-  lastGain_ = current > 0.0 ? (current - candidate.predictedStepSeconds) / current : 0.0;
-  double currentLow = 0.0, candidateHigh = 0.0;
-  for (size_t i = 0; i < models_.size(); ++i) {
-    const double error = kConfidence * models_[i].cost().relativeError;
-    currentLow = std::max(currentLow, plan_.ranks[i].predictedSeconds * (1.0 - error));
-    candidateHigh = std::max(candidateHigh, candidate.ranks[i].predictedSeconds * (1.0 + error));
-  }
-  const double sureGain = currentLow > 0.0 ? (currentLow - candidateHigh) / currentLow : 0.0;
-  const bool worthIt = sureGain > options_.rebalanceThreshold;
-  const auto describe = [&](const char* what) {
-    return str(what, " at step ", step, ": predicted gain ", percent(lastGain_), " (",
-               percent(sureGain), " beyond timing noise), step ", current, "s -> ",
-               candidate.predictedStepSeconds, "s");
-  };
-
+  const Decision next = decide(step);
+  const char* kind = next.probe ? "probe" : profiled_ ? "rebalance" : "profiled";
   if (!profiled_) {
     profiled_ = true;
-    if (worthIt) {
-      adopt(candidateShares, step, describe("profiled"));
-      return true;
-    }
     changeStep_ = step;
-    return false;
+    if (next.shares.empty()) return false;
+    adopt(next.shares, step, kind + next.reason);
+    return true;
   }
-  streak_ = worthIt ? streak_ + 1 : 0;
+  streak_ = next.shares.empty() ? 0 : streak_ + 1;
   if (streak_ >= options_.persistSteps && step - changeStep_ >= options_.minStepsBetweenChanges) {
-    adopt(candidateShares, step, describe("rebalance"));
+    adopt(next.shares, step, kind + next.reason);
     return true;
   }
   return false;
+}
+
+Balancer::Decision Balancer::decide(int64_t step) {
+  std::vector<int64_t> planShares;
+  for (const auto& r : plan_.ranks) planShares.push_back(r.batch);
+  const std::vector<CostModel> fitted = costs();
+  const std::vector<int64_t> candidate = optimalShares(fitted, caps_, options_.globalBatch);
+  const double current = plan_.predictedStepSeconds;
+  lastGain_ = current > 0.0 ? 1.0 - stepSeconds(fitted, caps_, candidate) / current : 0.0;
+  lastSureGain_ = 0.0;
+  if (candidate == planShares) return {};
+
+  // Each fraction's gain over the same draws: its sure gain, and its sure loss for a probe.
+  const auto draws = drawCosts(step);
+  struct Option {
+    double fraction;
+    std::vector<int64_t> shares;
+    double gain, sureGain;
+  };
+  std::vector<Option> options;
+  for (double fraction : kFractions) {
+    std::vector<int64_t> shares = partWay(planShares, candidate, fraction);
+    if (shares == planShares) continue;
+    std::vector<double> gains;
+    for (const auto& costs : draws) {
+      const double before = stepSeconds(costs, caps_, planShares);
+      gains.push_back(before > 0.0 ? 1.0 - stepSeconds(costs, caps_, shares) / before : 0.0);
+    }
+    const double gain = current > 0.0 ? 1.0 - stepSeconds(fitted, caps_, shares) / current : 0.0;
+    options.push_back({fraction, std::move(shares), gain, quantile(gains, kSureQuantile)});
+  }
+  // The whole way (fraction 1) is the candidate itself, which differs from the plan.
+  lastSureGain_ = options.front().sureGain;
+  const auto decision = [&](const Option& o, bool probe) {
+    return Decision{
+        o.shares, probe,
+        str(" at step ", step, ": predicted gain ", percent(o.gain), " (", percent(o.sureGain),
+            " beyond timing noise), ", percent(o.fraction), " of the way to the best split (gain ",
+            percent(lastGain_), "), step ", current, "s -> ", current * (1.0 - o.gain), "s")};
+  };
+  // Static mode decides once, with nothing to refine later: the whole way, on the predicted gain.
+  if (options_.mode == Mode::Static)
+    return lastGain_ > options_.rebalanceThreshold ? decision(options.front(), false) : Decision{};
+  for (const Option& o : options)
+    if (o.sureGain > options_.rebalanceThreshold) return decision(o, false);
+  // A probe measures the curve between plan and candidate, which helps when the gain is unsure
+  // through the extrapolation; a gain within the levels' own errors is what noise makes of a
+  // converged split (the slowest of n noisy levels is off by about sqrt(2 ln n) of their error),
+  // and probing it would only move the split around.
+  double levelError = 0.0;
+  for (const auto& c : fitted) levelError = std::max(levelError, c.relativeError);
+  const double noiseGain =
+      kProbeSigmas * levelError * std::sqrt(2.0 * std::log(std::max(2.0, double(ranks()))));
+  if (lastGain_ <= std::max(noiseGain, 2.0 * options_.rebalanceThreshold)) return {};
+  for (const Option& o : options)
+    if (o.gain > 0.0 && o.sureGain >= -kProbeCost) return decision(o, true);
+  return {};
 }
 
 std::string Balancer::save() const {
@@ -270,6 +385,7 @@ std::string Balancer::save() const {
   j["profiled"] = profiled_;
   j["warned_unknown"] = warnedUnknown_;
   j["last_gain"] = lastGain_;
+  j["last_sure_gain"] = lastSureGain_;
   return j.dump();
 }
 
@@ -320,6 +436,7 @@ Balancer Balancer::load(const std::string& state) {
     b.profiled_ = j.at("profiled").get<bool>();
     b.warnedUnknown_ = j.at("warned_unknown").get<bool>();
     b.lastGain_ = j.at("last_gain").get<double>();
+    b.lastSureGain_ = j.at("last_sure_gain").get<double>();
     return b;
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(str("balance: saved state is not valid: ", e.what()));

@@ -11,27 +11,50 @@
 //   candidate   the optimal plan under the current cost models.
 //   gain        (T(plan) - T(candidate)) / T(plan), both predicted by the current models
 //               (compute time only: communication does not depend on the split).
-//   sure gain   the gain with the plan predicted one standard error faster and the candidate one
-//               standard error slower (per-rank relative errors from the models): the part of the
-//               gain that timing noise does not explain. Decisions use it; reasons show both.
+//   draws       kDraws sets of cost models drawn from each rank's fit uncertainty (its
+//               covariance), from a generator seeded by the step: the same on every rank. The
+//               same draws price every split of a step, so splits near each other, predicted from
+//               the same data, differ only by what the data say about the difference.
+//   sure gain   the kSureQuantile quantile of the gain over the draws: the part of the gain that
+//               the models' uncertainty (from the measured step noise) does not explain.
+//   move        a split part of the way from the plan to the candidate (a fraction 1, 1/2 or 1/4
+//               of every rank's change): the farthest whose sure gain exceeds the threshold. A
+//               model is surest near where it was measured, so when the whole way is not sure,
+//               half of it may be; the next steps measure there and refine.
+//   probe       a fraction adopted although no move is sure, when the predicted gain is beyond
+//               what the noise of converged models makes (kProbeSigmas * sqrt(2 ln ranks) times
+//               the largest relative error of a rank's level: about how far the slowest of the
+//               noisy levels is off) and twice the threshold: the gain is then unsure through the
+//               extrapolation, which measuring between plan and candidate settles. The farthest
+//               fraction predicted to gain whose sure loss (its sure gain, negated) is at most
+//               kProbeCost: a probe costs at most that.
+//   regret      (T(plan) - T(best split)) / T(plan) under the current models: how far the split
+//               in use is from the balancer's own ideal.
 //   profiling   the first profileSteps steps, run on the initial equal split to measure every rank.
-//   streak      consecutive steps whose sure gain exceeded the threshold.
+//   streak      consecutive steps that wanted a move or a probe.
 //
 // Modes:
-//   dynamic     at the end of profiling adopt the candidate if its sure gain > threshold; later,
-//               adopt it when the streak reaches persistSteps and at least
-//               minStepsBetweenChanges steps ran on the current plan.
-//   static      the same decision at the end of profiling, then the plan is fixed.
+//   dynamic     at the end of profiling adopt the farthest sure move; later, adopt a move or a
+//               probe when the streak reaches persistSteps and at least minStepsBetweenChanges
+//               steps ran on the current plan. Never locked in: the models are refitted from every
+//               step, and any sure gain above the threshold moves the split again.
+//   static      one decision at the end of profiling, the whole way to the candidate if its
+//               predicted gain exceeds the threshold (no later step refines it), then fixed.
 //   equal       equal split forever (PyTorch DDP), remainder to the lowest ranks; micro-batches
 //               still capped by memory.
 //
 // Why it does not oscillate: the split changes at most once every max(minStepsBetweenChanges,
-// persistSteps) steps, and only on a gain that stays above the threshold beyond the timing noise
-// for persistSteps steps. Noise reaches the models only through a median per step and a decaying
-// least-squares fit with outliers beyond 35% dropped. And a plan under which the measured times
-// are equal is optimal under every model that fits those measurements, so once there, no gain is
-// predicted. Measured (tests/test_balancer.cc and 100-seed sweeps): with +-10% uniform noise on
-// every micro-batch, at most one or two changes in 280 steps after convergence; none with +-3%.
+// persistSteps) steps, and only on a gain beyond the models' uncertainty for persistSteps steps.
+// Noise reaches the models only through a median per step and a decaying least-squares fit with
+// outliers dropped. And a plan under which the measured times are equal is optimal under every
+// model that fits those measurements, so once there, no gain is predicted. Measured
+// (tests/test_balancer.cc, tests/test_balancer_accuracy.cc): with +-10% uniform noise at most two
+// changes in 280 steps after convergence; with +-5% and outlier steps at most three in 240.
+//
+// Telemetry seam: a device's own signals (GPU clocks, throttling, utilisation: NVML or ROCm SMI)
+// arrive through hintSpeedChange(rank), which makes that rank's model forget the points before
+// the hint, so the next steps' times alone say its new speed. Emulated devices have no telemetry;
+// their measured times alone count (ThroughputModel detects a change of speed from them).
 //
 // Use in the training loop (same calls on every rank, or on one rank with the plan broadcast):
 //   Balancer balancer(options, caps);
@@ -58,7 +81,7 @@ const char* modeName(Mode mode);
 struct BalancerOptions {
   Mode mode = Mode::Dynamic;
   int64_t globalBatch = 0;           // B: samples per step over all ranks
-  double rebalanceThreshold = 0.05;  // least sure gain (beyond timing noise) worth a change
+  double rebalanceThreshold = 0.01;  // least sure gain (beyond timing noise) worth a change
   int minStepsBetweenChanges = 3;
   int persistSteps = 2;  // steps in a row the gain must exceed the threshold (dynamic mode)
   int profileSteps = 5;  // steps measured on the equal split before the first decision
@@ -94,6 +117,11 @@ struct Plan {
 
 class Balancer {
  public:
+  static constexpr int kDraws = 64;
+  static constexpr double kSureQuantile = 0.05;
+  static constexpr double kProbeCost = 0.02;
+  static constexpr double kProbeSigmas = 1.7;
+
   // Throws ConfigError for an impossible setting (naming the option and its value).
   Balancer(BalancerOptions options, std::vector<RankCaps> caps);
 
@@ -114,6 +142,14 @@ class Balancer {
   const CostModel& cost(int rank) const;
   // Gain of the candidate over the plan at the last endStep (0 before any decision).
   double lastGain() const { return lastGain_; }
+  // Sure gain of the candidate at the last endStep (0 before any decision).
+  double lastSureGain() const { return lastSureGain_; }
+  // The regret of the current plan under the current models, in [0, 1); 0 until every rank's
+  // model is fitted.
+  double regret() const;
+  // A device's telemetry says rank's speed changed now (see "Telemetry seam"): its model forgets
+  // the points measured before, from the next endStep on.
+  void hintSpeedChange(int rank);
   // The balancer's own prediction of the best synchronous step: under the current models T_i(b)
   // (with the memory caps), min over splits sum b_i = B of max_i T_i(b_i), with no communication,
   // as samples per second B / that step. The "balancer-optimal ideal" of docs/benchmarks.md as
@@ -131,6 +167,14 @@ class Balancer {
   std::vector<CostModel> costs() const;
   Plan makePlan(const std::vector<int64_t>& shares) const;
   void adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason);
+  std::vector<std::vector<CostModel>> drawCosts(int64_t step) const;
+  struct Decision {
+    std::vector<int64_t> shares;  // empty: keep the plan
+    bool probe = false;
+    std::string reason;  // " at step ...: predicted gain ..."
+  };
+  // What the dynamic policy would adopt at `step`; sets lastGain_ and lastSureGain_.
+  Decision decide(int64_t step);
 
   BalancerOptions options_;
   std::vector<int64_t> caps_;  // clamped to globalBatch
@@ -144,6 +188,7 @@ class Balancer {
   bool profiled_ = false;
   bool warnedUnknown_ = false;
   double lastGain_ = 0.0;
+  double lastSureGain_ = 0.0;
 };
 
 }  // namespace hetra::balance

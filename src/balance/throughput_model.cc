@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -38,11 +39,12 @@ double weightedMedian(const std::vector<double>& values, const std::vector<doubl
 }
 
 // Weighted least squares of t = a + c*m with a >= 0, c > 0, plus the prior a = 0 with weight
-// `prior` relative to the data (a pseudo-point at the origin). Sizes and times are scaled to ~1
-// first so the 2x2 system is well conditioned. With one size the line goes through the origin,
-// exactly.
+// `prior` relative to the data (a pseudo-point at the origin). Sizes are scaled to ~1 first so the
+// 2x2 system is well conditioned. With one size the line goes through the origin, exactly. The
+// weights are precisions up to the factor noise^2 (1 / seconds^2), so the covariance of (a, c) is
+// noise2 times the inverse of the normal matrix, the prior included.
 CostModel fitLine(const std::vector<ThroughputPoint>& points, const std::vector<double>& weights,
-                  const std::vector<bool>& use, double prior) {
+                  const std::vector<bool>& use, double prior, double noise2) {
   double v = 0.0, vm = 0.0, vt = 0.0;
   for (size_t j = 0; j < points.size(); ++j) {
     if (!use[j]) continue;
@@ -63,19 +65,112 @@ CostModel fitLine(const std::vector<ThroughputPoint>& points, const std::vector<
   const double det = s0 * s2 - s1 * s1;
   double a = (r0 * s2 - s1 * r1) / det;
   double c = (s0 * r1 - s1 * r0) / det;
+  // The same information whichever estimate is kept: with one size, the prior alone bounds the
+  // overhead, and its variance says so.
+  CostModel model;
+  model.overheadVariance = noise2 * s2 / det;
+  model.covariance = -noise2 * s1 / (det * mScale);
+  model.perSampleVariance = noise2 * s0 / (det * mScale * mScale);
   if (!(a >= 0.0 && c > 0.0)) {
     // Unphysical line (time falling with size, or negative overhead): noise or a change of speed
     // between two sizes. Proportional through the origin is the safe reading.
     a = 0.0;
     c = r1 / s2;
   }
-  CostModel model;
   model.overhead = a * tScale;
   model.perSample = std::max(c * tScale / mScale, kMinSeconds);
   return model;
 }
 
+// The fit of `points` (ordered by step) at time `now`, weighted toward `reference`: the passes of
+// ThroughputModel::refit.
+CostModel robustFit(const std::vector<ThroughputPoint>& points, int64_t now, int64_t reference) {
+  const size_t n = points.size();
+  std::vector<double> base(n);
+  for (size_t j = 0; j < n; ++j) {
+    const double distance =
+        std::log(double(points[j].microBatch) / double(reference)) / ThroughputModel::kLocality;
+    base[j] = std::pow(ThroughputModel::kDecay, double(now - points[j].step)) *
+              std::exp(-0.5 * distance * distance);
+  }
+  // Start from plain weighted least squares on every point with the prior noise; each pass then
+  // drops the outliers of the last fit, weights points by the inverse square of their predicted
+  // time (timing noise is relative) and re-estimates the noise that sets the prior's weight. A
+  // fixed number of passes keeps the result a pure function of the points.
+  std::vector<bool> inlier(n, true);
+  std::vector<double> weights = base;
+  double noise2 = ThroughputModel::kNoisePrior * ThroughputModel::kNoisePrior;
+  auto priorWeight = [&](double effectivePoints) {
+    return noise2 /
+           (effectivePoints * ThroughputModel::kOverheadPrior * ThroughputModel::kOverheadPrior);
+  };
+  auto effectivePoints = [&] {  // Kish: (sum w)^2 / sum w^2 over the inliers
+    double sum = 0.0, sum2 = 0.0;
+    for (size_t j = 0; j < n; ++j)
+      if (inlier[j]) sum += base[j], sum2 += base[j] * base[j];
+    return sum * sum / sum2;
+  };
+  CostModel fit = fitLine(points, weights, inlier, priorWeight(effectivePoints()), noise2);
+  const double tolerance = std::log(ThroughputModel::kOutlierRatio);
+  for (int pass = 0; pass < 4; ++pass) {
+    std::vector<double> ratio(n);
+    for (size_t j = 0; j < n; ++j) {
+      const double predicted = fit.seconds(points[j].microBatch, 1);
+      ratio[j] = points[j].seconds / predicted;
+      weights[j] = base[j] / (predicted * predicted);
+    }
+    const double center = weightedMedian(ratio, base);
+    double residual = 0.0, total = 0.0;
+    for (size_t j = 0; j < n; ++j) {
+      inlier[j] = std::abs(std::log(ratio[j] / center)) <= tolerance;
+      if (inlier[j]) residual += base[j] * (ratio[j] - 1) * (ratio[j] - 1), total += base[j];
+    }
+    const double effective = effectivePoints();
+    const double prior2 = ThroughputModel::kNoisePrior * ThroughputModel::kNoisePrior;
+    noise2 = (effective * residual / total + ThroughputModel::kNoisePriorPoints * prior2) /
+             (std::max(effective - 2.0, 0.0) + ThroughputModel::kNoisePriorPoints);
+    fit = fitLine(points, weights, inlier, priorWeight(effective), noise2);
+  }
+  fit.noise = std::sqrt(noise2);
+  const double reference1 = fit.seconds(reference, 1);
+  fit.relativeError = fit.standardError(reference, 1) / reference1;
+  return fit;
+}
+
+// The micro-batch size of the latest step: its most frequent size, the larger on a tie.
+int64_t latestSize(const std::vector<ThroughputPoint>& points) {
+  const int64_t step = points.back().step;
+  int64_t size = 0, count = 0;
+  for (size_t j = points.size(); j-- > 0 && points[j].step == step;)
+    if (points[j].count > count || (points[j].count == count && points[j].microBatch > size))
+      size = points[j].microBatch, count = points[j].count;
+  return size;
+}
+
+int distinctSteps(const std::vector<ThroughputPoint>& points) {
+  int steps = 0;
+  for (size_t j = 0; j < points.size(); ++j)
+    steps += j == 0 || points[j - 1].step != points[j].step;
+  return steps;
+}
+
+// Index of the first point of the last `steps` distinct steps (0 when there are not more).
+size_t firstOfLastSteps(const std::vector<ThroughputPoint>& points, int steps) {
+  int distinct = 0;
+  for (size_t j = points.size(); j-- > 0;)
+    if (j == 0 || points[j - 1].step != points[j].step)
+      if (++distinct == steps) return j;
+  return 0;
+}
+
 }  // namespace
+
+double CostModel::standardError(int64_t samples, int64_t microBatches) const {
+  if (samples <= 0) return 0.0;
+  const double k = double(microBatches), b = double(samples);
+  return std::sqrt(std::max(
+      0.0, k * k * overheadVariance + 2.0 * k * b * covariance + b * b * perSampleVariance));
+}
 
 void ThroughputModel::addStep(int64_t step,
                               const std::vector<std::pair<int64_t, double>>& observations) {
@@ -88,81 +183,66 @@ void ThroughputModel::addStep(int64_t step,
   for (auto& [microBatch, times] : bySize)
     points_.push_back({step, microBatch, median(times), int64_t(times.size())});
 
-  // Keep the last kWindowSteps distinct steps.
-  int distinct = 0;
-  size_t keepFrom = 0;
-  for (size_t j = points_.size(); j-- > 0;) {
-    if (j + 1 == points_.size() || points_[j].step != points_[j + 1].step) {
-      if (++distinct > kWindowSteps) {
-        keepFrom = j + 1;
-        break;
-      }
-    }
-  }
-  points_.erase(points_.begin(), points_.begin() + ptrdiff_t(keepFrom));
+  if (distinctSteps(points_) > kWindowSteps)
+    points_.erase(points_.begin(),
+                  points_.begin() + ptrdiff_t(firstOfLastSteps(points_, kWindowSteps)));
   refit(step);
 }
 
-void ThroughputModel::refit(int64_t now) {
-  const size_t n = points_.size();
-  std::vector<double> age(n);
-  for (size_t j = 0; j < n; ++j)
-    age[j] = double(points_[j].count) * std::pow(kDecay, double(now - points_[j].step));
-
-  // Start from plain weighted least squares on every point with the prior noise; each pass then
-  // drops the outliers of the last fit, weights points by the inverse square of their predicted
-  // time (timing noise is relative) and re-estimates the noise that sets the prior's weight. A
-  // fixed number of passes keeps the result a pure function of the points.
-  std::vector<bool> inlier(n, true);
-  std::vector<double> weights = age;
-  double noise2 = kNoisePrior * kNoisePrior;
-  auto priorWeight = [&](double effectivePoints) {
-    return noise2 / (effectivePoints * kOverheadPrior * kOverheadPrior);
-  };
-  auto effectivePoints = [&] {  // Kish: (sum w)^2 / sum w^2 over the inliers
-    double sum = 0.0, sum2 = 0.0;
-    for (size_t j = 0; j < n; ++j)
-      if (inlier[j]) sum += age[j], sum2 += age[j] * age[j];
-    return sum * sum / sum2;
-  };
-  CostModel fit = fitLine(points_, weights, inlier, priorWeight(effectivePoints()));
-  const double tolerance = std::log(kOutlierRatio);
-  for (int pass = 0; pass < 4; ++pass) {
-    std::vector<double> ratio(n);
-    for (size_t j = 0; j < n; ++j) {
-      const double predicted = fit.seconds(points_[j].microBatch, 1);
-      ratio[j] = points_[j].seconds / predicted;
-      weights[j] = age[j] / (predicted * predicted);
-    }
-    const double center = weightedMedian(ratio, age);
-    double residual = 0.0, total = 0.0;
-    for (size_t j = 0; j < n; ++j) {
-      inlier[j] = std::abs(std::log(ratio[j] / center)) <= tolerance;
-      if (inlier[j]) residual += age[j] * (ratio[j] - 1) * (ratio[j] - 1), total += age[j];
-    }
-    const double points = effectivePoints();
-    noise2 = (points * residual / total + kNoisePriorPoints * kNoisePrior * kNoisePrior) /
-             (std::max(points - 2.0, 0.0) + kNoisePriorPoints);
-    fit = fitLine(points_, weights, inlier, priorWeight(points));
+bool ThroughputModel::speedChanged() const {
+  // The older points must stand on their own (as many steps as the recent ones) to judge by.
+  if (distinctSteps(points_) < 2 * kChangeSteps) return false;
+  const size_t recent = firstOfLastSteps(points_, kChangeSteps);
+  const std::vector<ThroughputPoint> older(points_.begin(), points_.begin() + ptrdiff_t(recent));
+  const CostModel before = robustFit(older, points_.back().step, latestSize(points_));
+  const double margin = std::max(std::log(kChangeRatio), kChangeSigmas * before.noise);
+  int above = 0, below = 0;
+  double lowest = std::numeric_limits<double>::infinity(), highest = -lowest;
+  for (size_t j = recent; j < points_.size(); ++j) {
+    const double offBy = std::log(points_[j].seconds / before.seconds(points_[j].microBatch, 1));
+    above += offBy > margin;
+    below += offBy < -margin;
+    lowest = std::min(lowest, offBy);
+    highest = std::max(highest, offBy);
   }
-  cost_ = fit;
-  cost_.relativeError = std::sqrt(noise2 / effectivePoints());
+  // A new speed is one level: the recent points agree among themselves as closely as they
+  // disagree with the old fit. Interference (a neighbour's burst of work) is erratic: 1.5x, 3x,
+  // 1.8x in three steps is outliers, not a device that changed.
+  const int recentPoints = int(points_.size() - recent);
+  return (above == recentPoints || below == recentPoints) && highest - lowest <= 2.0 * margin;
+}
+
+void ThroughputModel::refit(int64_t now) {
+  if (speedChanged()) {
+    points_.erase(points_.begin(),
+                  points_.begin() + ptrdiff_t(firstOfLastSteps(points_, kChangeSteps)));
+    ++changes_;
+  }
+  cost_ = robustFit(points_, now, latestSize(points_));
+}
+
+void ThroughputModel::forgetPoints() {
+  points_.clear();
+  ++changes_;
 }
 
 nlohmann::json ThroughputModel::toJson() const {
   nlohmann::json points = nlohmann::json::array();
   for (const auto& p : points_) points.push_back({p.step, p.microBatch, p.seconds, p.count});
-  return {{"overhead", cost_.overhead},
-          {"per_sample", cost_.perSample},
-          {"relative_error", cost_.relativeError},
+  return {{"cost",
+           {cost_.overhead, cost_.perSample, cost_.relativeError, cost_.noise,
+            cost_.overheadVariance, cost_.covariance, cost_.perSampleVariance}},
+          {"changes", changes_},
           {"points", points}};
 }
 
 ThroughputModel ThroughputModel::fromJson(const nlohmann::json& j) {
   ThroughputModel model;
-  model.cost_.overhead = j.at("overhead").get<double>();
-  model.cost_.perSample = j.at("per_sample").get<double>();
-  model.cost_.relativeError = j.at("relative_error").get<double>();
+  const auto& c = j.at("cost");
+  model.cost_ = {c.at(0).get<double>(), c.at(1).get<double>(), c.at(2).get<double>(),
+                 c.at(3).get<double>(), c.at(4).get<double>(), c.at(5).get<double>(),
+                 c.at(6).get<double>()};
+  model.changes_ = j.at("changes").get<int64_t>();
   for (const auto& p : j.at("points"))
     model.points_.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<double>(),
                              p.at(3).get<int64_t>()});

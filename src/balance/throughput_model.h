@@ -9,17 +9,31 @@
 //                micro-batches of at most m samples, k = ceil(b / m). Splitting the samples as
 //                k-1 full micro-batches plus a smaller last one, or as evenly as possible, gives
 //                the same T under this model.
-//   point        the median time of one step's observations of one micro-batch size, with their
-//                count (the median, not the mean: one slow micro-batch among many does not count).
+//   point        the median time of one step's observations of one micro-batch size (the median,
+//                not the mean: one slow micro-batch among many does not count). One point is one
+//                observation of the curve, whatever the number of micro-batches behind it.
 //   window       the points of the last kWindowSteps steps in which the rank was observed; a
-//                point of age g steps weighs count * kDecay^g (exponentially weighted least
-//                squares).
+//                point of age g steps weighs kDecay^g (exponentially weighted least squares).
+//   reference    the micro-batch size the rank ran in its latest step. Points weigh
+//                exp(-(ln(m / reference) / kLocality)^2 / 2) more: the line is the curve's tangent
+//                near where the rank runs now, not a global average. Real curves are not lines
+//                (per-sample cost falls at small micro-batches, caches spill at large ones); a
+//                tangent is exact in level where the balancer has to decide, and the split moves it
+//                runs are free measurements at new sizes that refit the tangent where it moved.
 //   inlier       a point whose time is within a factor kOutlierRatio of the fit, after
 //                normalising by the weighted median of all points' ratios to the fit. Outliers (a
-//                5x spike) are dropped. A change of speed makes the new points outliers until they
-//                carry the majority of the weight, then the old points become the outliers: the
-//                model switches to the new speed in a few steps instead of drifting through the
-//                average.
+//                preempted step, a late sleep) are dropped.
+//   change       the last kChangeSteps steps' points all on the same side of the older points'
+//                fit, each off by at least a margin (a factor kChangeRatio, and kChangeSigmas times
+//                the noise), and within twice that margin of each other: the device's speed
+//                changed, so the older points are forgotten and the model is the new speed's after
+//                kChangeSteps steps instead of drifting through the average. A spike in one or two
+//                steps is not a change, nor are erratic slow steps (interference).
+//   noise        the relative spread of one point around the fit (the step-to-step timing noise),
+//                pulled toward kNoisePrior by kNoisePriorPoints pseudo-points.
+//   uncertainty  the covariance of (overhead, perSample) of the weighted least squares, noise^2
+//                times the inverse of the weighted normal matrix: how far the tangent may be off,
+//                from which a prediction's standard error at any size follows.
 #pragma once
 
 #include <cstdint>
@@ -33,15 +47,20 @@ namespace hetra::balance {
 struct CostModel {
   double overhead = 0.0;   // a: seconds per micro-batch
   double perSample = 0.0;  // c: seconds per sample; 0 means "not measured yet"
-  // Relative standard error of a prediction near the observed sizes: the relative spread of the
-  // points around the fit over the square root of their effective number.
+  // Relative standard error of a prediction at the reference size (the fit's uncertainty there).
   double relativeError = 0.0;
+  double noise = 0.0;  // relative spread of one step's point around the fit
+  // Covariance of the estimates (seconds^2, seconds^2 per sample, seconds^2 per sample^2).
+  double overheadVariance = 0.0, covariance = 0.0, perSampleVariance = 0.0;
 
   bool known() const { return perSample > 0.0; }
   // Predicted compute time of `samples` samples run as `microBatches` micro-batches.
   double seconds(int64_t samples, int64_t microBatches) const {
     return samples <= 0 ? 0.0 : double(microBatches) * overhead + perSample * double(samples);
   }
+  // Standard error of seconds(samples, microBatches) from the fit's uncertainty (the timing noise
+  // of a single future step not included: that is `noise`).
+  double standardError(int64_t samples, int64_t microBatches) const;
 };
 
 struct ThroughputPoint {
@@ -53,14 +72,17 @@ struct ThroughputPoint {
 
 class ThroughputModel {
  public:
-  static constexpr int kWindowSteps = 24;
-  static constexpr double kDecay = 0.9;
+  static constexpr int kWindowSteps = 40;
+  static constexpr double kDecay = 0.95;
+  static constexpr double kLocality = 0.6;
   static constexpr double kOutlierRatio = 1.35;
+  static constexpr int kChangeSteps = 3;
+  static constexpr double kChangeRatio = 1.08;
+  static constexpr double kChangeSigmas = 3.0;
   // Prior on the overhead: a ~ N(0, (kOverheadPrior * t)^2). Its weight against the data is
-  // noise^2 / (effective points * kOverheadPrior^2), where the noise is the relative residual
-  // spread (pulled toward kNoisePrior by kNoisePriorPoints pseudo-points). So one micro-batch size,
-  // or sizes too close together for the noise, give the proportional fit a = 0; clean data at
-  // distinct sizes are followed almost exactly.
+  // noise^2 / (effective points * kOverheadPrior^2). So one micro-batch size, or sizes too close
+  // together for the noise, give the proportional fit a = 0; clean data at distinct sizes are
+  // followed almost exactly.
   static constexpr double kOverheadPrior = 0.3;
   static constexpr double kNoisePrior = 0.05;
   static constexpr double kNoisePriorPoints = 2.0;
@@ -68,17 +90,25 @@ class ThroughputModel {
   // Adds one step's observations (micro-batch size, seconds) and refits. No observation: no change.
   void addStep(int64_t step, const std::vector<std::pair<int64_t, double>>& observations);
 
+  // Forgets every point so far (an outside signal says the speed changed); the cost model stays
+  // until the next addStep refits from the new points alone.
+  void forgetPoints();
+
   const CostModel& cost() const { return cost_; }
   const std::vector<ThroughputPoint>& points() const { return points_; }
+  // How many times a change of speed made the model forget its older points.
+  int64_t changes() const { return changes_; }
 
   nlohmann::json toJson() const;
   static ThroughputModel fromJson(const nlohmann::json& j);
 
  private:
   void refit(int64_t now);
+  bool speedChanged() const;
 
   std::vector<ThroughputPoint> points_;  // ordered by step
   CostModel cost_;
+  int64_t changes_ = 0;
 };
 
 }  // namespace hetra::balance

@@ -74,7 +74,7 @@ struct TrainConfig {
 // Names and defaults as in balance::BalancerOptions.
 struct BalanceConfig {
   std::string mode = "dynamic";  // dynamic | static | equal
-  double threshold = 0.05;       // least predicted relative gain worth a change of the split
+  double threshold = 0.01;       // least sure relative gain worth a change of the split
   int64_t minStepsBetween = 3;   // steps on a plan before the next change
   int64_t persistSteps = 2;      // dynamic: steps in a row the gain must persist
   int64_t profileSteps = 5;      // steps measured on the equal split before the first decision

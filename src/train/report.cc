@@ -97,6 +97,7 @@ void Report::step(const StepRecord& record) {
          {"step_time_s", record.seconds},
          {"samples_per_s", double(options_.globalBatch) / record.seconds},
          {"ideal_samples_per_s", ideal},
+         {"balance_regret", record.idealSamplesPerSecond > 0 ? json(record.regret) : json(nullptr)},
          {"lr", record.lr},
          {"plan_version", record.planVersion},
          {"ranks", ranks}},
@@ -136,6 +137,9 @@ void Report::printStepLine(const StepRecord& record) {
 void Report::printDeviceTable(const StepRecord& record) {
   if (record.ranks.empty()) return;
   if (options_.progressBar) std::printf("\n");
+  if (record.idealSamplesPerSecond > 0)
+    std::printf("  balancer: ideal %.0f samples/s (compute only), split in use %.1f%% from it\n",
+                record.idealSamplesPerSecond, 100.0 * record.regret);
   std::printf("  %-10s %7s %12s %12s %10s %10s\n", "device", "share", "micro x acc", "samples/s",
               "compute_s", "comm_s");
   for (const RankStep& rank : record.ranks) {

@@ -50,6 +50,7 @@ struct StepRecord {
   double lr = 0;
   int64_t planVersion = 0;
   double idealSamplesPerSecond = 0;  // the balancer's best-split prediction; 0 while it has none
+  double regret = 0;  // how far the split in use is from it, predicted (balance::Balancer::regret)
   std::vector<RankStep> ranks;
 };
 

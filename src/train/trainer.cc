@@ -346,6 +346,7 @@ class Run {
     const bool changed = balancer_->endStep(gather.step);
     record.loss = lastLoss_ = lossSum / double(config_.train.globalBatch);
     record.idealSamplesPerSecond = balancer_->idealSamplesPerSecond();
+    record.regret = balancer_->regret();
     report_->step(record);
     if (changed) {
       report_->balanceChange(record.step, balancer_->plan());
