@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -36,10 +37,12 @@ class WorkQueue {
   WorkQueue& operator=(const WorkQueue&) = delete;
 
   // `describe()` builds the operation's name only when a message needs it; `run(deadline)` runs it.
-  // One allocation holds the Work and both closures.
+  // One block holds the Work and both closures, reused from the calling thread's free list.
   template <typename Describe, typename Run>
   WorkPtr enqueue(Describe describe, Run run) {
-    auto item = std::make_shared<ItemOf<Describe, Run>>(this, std::move(describe), std::move(run));
+    using Queued = ItemOf<Describe, Run>;
+    auto item = std::allocate_shared<Queued>(BlockAllocator<Queued>(), this, std::move(describe),
+                                             std::move(run));
     push(item);
     return item;
   }
@@ -84,9 +87,38 @@ class WorkQueue {
     Run run_;
   };
 
+  // Memory of queued operations: blocks of kBlockBytes on a free list per thread, so that an
+  // operation issued and released on one thread (issued, waited for, dropped: the common case)
+  // takes its predecessor's block instead of calling the allocator. Larger ones use the allocator.
+  static constexpr size_t kBlockBytes = 512;
+  static void* takeBlock();
+  static void giveBlock(void* block);
+  template <typename T>
+  struct BlockAllocator {
+    using value_type = T;
+    static constexpr bool kFits =
+        sizeof(T) <= kBlockBytes && alignof(T) <= alignof(std::max_align_t);
+    BlockAllocator() = default;
+    template <typename U>
+    BlockAllocator(const BlockAllocator<U>&) {}
+    T* allocate(size_t n) {
+      if (kFits && n == 1) return static_cast<T*>(takeBlock());
+      return std::allocator<T>().allocate(n);
+    }
+    void deallocate(T* p, size_t n) {
+      if (kFits && n == 1) return giveBlock(p);
+      std::allocator<T>().deallocate(p, n);
+    }
+    template <typename U>
+    bool operator==(const BlockAllocator<U>&) const {
+      return true;
+    }
+  };
+
   void push(std::shared_ptr<Item> item);
 
-  void waitFor(Item& item, Deadline deadline);
+  // `deadline` null: twice the group's timeout from when the waiter first finds nothing to run.
+  void waitFor(Item& item, const Deadline* deadline);
   void executeFront(std::unique_lock<std::mutex>& lock);
   void workLoop();
 
