@@ -91,13 +91,18 @@ class WorkQueue {
   // operation issued and released on one thread (issued, waited for, dropped: the common case)
   // takes its predecessor's block instead of calling the allocator. Larger ones use the allocator.
   static constexpr size_t kBlockBytes = 512;
+#if defined(__SANITIZE_ADDRESS__)
+  static constexpr bool kPooled = false;  // AddressSanitizer then sees every Work's memory freed
+#else
+  static constexpr bool kPooled = true;
+#endif
   static void* takeBlock();
   static void giveBlock(void* block);
   template <typename T>
   struct BlockAllocator {
     using value_type = T;
     static constexpr bool kFits =
-        sizeof(T) <= kBlockBytes && alignof(T) <= alignof(std::max_align_t);
+        kPooled && sizeof(T) <= kBlockBytes && alignof(T) <= alignof(std::max_align_t);
     BlockAllocator() = default;
     template <typename U>
     BlockAllocator(const BlockAllocator<U>&) {}
