@@ -108,7 +108,7 @@ WorkQueue::~WorkQueue() {
 void WorkQueue::push(std::shared_ptr<Item> item) {
   std::lock_guard<std::mutex> lock(mutex_);
   queue_.push_back(std::move(item));
-  queued_.fetch_add(1, std::memory_order_release);
+  queued_.store(queue_.size(), std::memory_order_release);  // a plain store: written under the lock
   // A polling progress thread finds the operation by itself; only a deep sleeper needs a wake-up.
   if (workerAsleep_) cv_.notify_all();
 }
@@ -164,7 +164,7 @@ void WorkQueue::waitFor(Item& item, const Deadline* deadline) {
 void WorkQueue::executeFront(std::unique_lock<std::mutex>& lock) {
   std::shared_ptr<Item> item = std::move(queue_.front());
   queue_.pop_front();
-  queued_.fetch_sub(1, std::memory_order_release);
+  queued_.store(queue_.size(), std::memory_order_release);
   executing_.store(true, std::memory_order_release);
   const std::exception_ptr latched = failed_;
   lock.unlock();

@@ -141,7 +141,7 @@ class WorkQueue {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Item>> queue_;
-  std::atomic<size_t> queued_{0};          // queue_.size(), readable without the lock
+  std::atomic<size_t> queued_{0};          // queue_.size(), set under the lock, read without it
   std::atomic<bool> executing_{false};     // an operation is running (on any thread)
   std::atomic<int> waiters_{0};            // callers blocked on cv_ (changed under the lock)
   std::atomic<bool> workerAsleep_{false};  // the progress thread waits for an explicit wake-up
