@@ -33,8 +33,9 @@ CONFIGS = {
     "tcp2": (2, "tcp", ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]),
     "shm4": (4, "shm", ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"]),
 }
-IMPLS = ["hetra", "mpi", "torch"]
-LABEL = {"hetra": "hetra", "mpi": "MPI", "torch": "gloo"}
+IMPLS = ["hetra", "mpi", "torch", "base"]
+# "base" is another hetra binary (--base), such as a build of main: before/after pairs of a change.
+LABEL = {"hetra": "hetra", "mpi": "MPI", "torch": "gloo", "base": "base"}
 
 
 def log(msg):
@@ -57,7 +58,7 @@ def fmt_size(n):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="shm2,tcp2,shm4", help="comma list of: " + ",".join(CONFIGS))
-    p.add_argument("--impls", default=",".join(IMPLS), help="comma list of: " + ",".join(IMPLS))
+    p.add_argument("--impls", default="hetra,mpi,torch", help="comma list of: " + ",".join(IMPLS))
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (5 when time allows: ~8 min)")
     p.add_argument("--no-spread", action="store_true", help="omit the (min-max) over rounds after each ratio")
     p.add_argument("-b", dest="min_bytes", type=parse_size, default=8)
@@ -70,6 +71,7 @@ def parse_args():
     p.add_argument("--large-iters", type=int, default=20)
     p.add_argument("--large-warmup", type=int, default=3)
     p.add_argument("--hetra", default=os.path.join(ROOT, "build", "tools", "hetra", "hetra"))
+    p.add_argument("--base", default=None, help="the hetra binary of impl base (before a change)")
     p.add_argument("--torch-python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
     p.add_argument("--mpi-extra", default="", help="extra mpirun arguments, space separated")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per benchmark process")
@@ -152,8 +154,8 @@ def command(a, impl, config, lo, hi, warmup, iters, json_path):
     ranks, transport, mpi_transport = CONFIGS[config]
     common = ["-b", str(lo), "-e", str(hi), "-f", str(a.factor), "-w", str(warmup), "-n", str(iters), "-c", "1",
               "--dtype", "float32", "--json", json_path]
-    if impl == "hetra":
-        return [a.hetra, "bench", "allreduce", "--np", str(ranks), "--transport", transport] + common
+    if impl in ("hetra", "base"):
+        return [a.hetra if impl == "hetra" else a.base, "bench", "allreduce", "--np", str(ranks), "--transport", transport] + common
     if impl == "mpi":
         cmd = ["mpirun", "--allow-run-as-root", "-np", str(ranks)]
         if ranks > (os.cpu_count() or 1):
@@ -262,6 +264,10 @@ def main():
             log(f"hetra skipped: {why}")
             notes.append(f"hetra not run: {why}")
             a.impls.remove("hetra")
+    if "base" in a.impls:
+        ok, why = hetra_available(a.base or "", 30)
+        if not ok:
+            sys.exit(f"impl base needs --base, a hetra binary: {why}")
     if "torch" in a.impls:
         rc, _, err = run([a.torch_python, "-c", "import torch.distributed as d; assert d.is_gloo_available()"], 60)
         if rc != 0:

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "comm/hierarchy.h"
+#include "comm/providers/choice_cache.h"
 #include "comm/providers/registry.h"
 #include "comm/transport/registry.h"
 #include "comm/transport/transport.h"
@@ -233,14 +234,13 @@ class CommunicatorImpl : public Communicator,
                              const OpPolicy& policy) const override {
     const Operation o =
         operation(OpKind::Allreduce, dtype, reducedAs(op), count * dtypeSize(dtype), policy);
-    const uint8_t id = chooseProvider(o, facts_, forced_);
-    return providers()[id - 1]->traits().feedsBackErrors ? o.codec : nullptr;
+    return providers()[choose(o) - 1]->traits().feedsBackErrors ? o.codec : nullptr;
   }
 
   std::string providerFor(OpKind kind, DType dtype, ReduceOp op, size_t count,
                           const OpPolicy& policy) const override {
     const Operation o = operation(kind, dtype, reducedAs(op), count * dtypeSize(dtype), policy);
-    return providerName(chooseProvider(o, facts_, forced_));
+    return providerName(choose(o));
   }
 
   void abort(const std::string& reason) override {
@@ -273,6 +273,15 @@ class CommunicatorImpl : public Communicator,
     return o;
   }
 
+  // The table's choice for `o`, remembered per shape: the group facts and the forced providers do
+  // not change in the group's life, so the choice for a shape does not either.
+  uint8_t choose(const Operation& o) const {
+    if (const uint8_t id = choices_.find(o)) return id;
+    const uint8_t id = chooseProvider(o, facts_, forced_);
+    choices_.remember(o, id);
+    return id;
+  }
+
   // The provider is chosen when the operation is issued, so a forced provider that cannot run it
   // fails the call itself (ConfigError), before anything is queued.
   // `run(provider, operation, deadline)` runs it. Providers stay in the table for the life of the
@@ -281,7 +290,7 @@ class CommunicatorImpl : public Communicator,
   WorkPtr enqueue(OpKind kind, DType dtype, ReduceOp op, size_t bytes, const OpPolicy& policy,
                   Describe describe, Run run) {
     Operation o = operation(kind, dtype, op, bytes, policy);
-    o.provider = chooseProvider(o, facts_, forced_);
+    o.provider = choose(o);
     Provider* provider = providers()[o.provider - 1].get();
     return queue_->enqueue(std::move(describe),
                            [run = std::move(run), provider, o, policy](Deadline d) mutable {
@@ -409,6 +418,7 @@ class CommunicatorImpl : public Communicator,
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Hierarchy> hierarchy_;  // null for a group of one island
   GroupFacts facts_;
+  mutable ChoiceCache choices_;
   uint64_t seq_ = 0;  // touched only by the executing thread
   int splits_ = 0;
   std::unique_ptr<WorkQueue> queue_;

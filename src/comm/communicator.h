@@ -53,7 +53,8 @@ class Work {
   // Waits for completion and rethrows the operation's error. Throws TimeoutError if it has not
   // completed by `deadline` (the operation itself keeps running toward its own deadline).
   virtual void wait(Deadline deadline) = 0;
-  // The same with a deadline from the group's timeout (GroupOptions::timeout).
+  // The same with a deadline of twice the group's timeout (GroupOptions::timeout), counted from
+  // when the wait first finds nothing it can run itself.
   virtual void wait() = 0;
   virtual std::exception_ptr exception() const = 0;
 };

@@ -1,19 +1,79 @@
 #include "comm/work_queue.h"
 
+#include <time.h>
+
+#include <new>
+
 #include "common/errors.h"
 #include "common/logging.h"
 
 namespace hetra::comm {
+namespace {
+
+// An operation's deadline without a precise clock read (tens of ns in a VM, as much as a small
+// collective's own work): CLOCK_MONOTONIC_COARSE is the steady clock's time base (libstdc++ reads
+// CLOCK_MONOTONIC) kept in memory by the kernel, which trails it by at most one tick; the deadline
+// adds that tick back, so it is never earlier than the precise one.
+Deadline coarseDeadlineAfter(Millis timeout) {
+  static const std::chrono::nanoseconds tick = [] {
+    timespec res{};
+    clock_getres(CLOCK_MONOTONIC_COARSE, &res);
+    return std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
+  }();
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return Deadline(std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec) + tick) +
+         timeout;
+}
+
+// The calling thread's free blocks. Trivially destructible, so giveBlock() may still look at it
+// while the thread's destructors run; BlockReturn hands the blocks back when the thread ends.
+struct FreeBlock {
+  FreeBlock* next;
+};
+constexpr int kKeptBlocks = 64;  // the most operations one thread has in flight, kept for reuse
+thread_local FreeBlock* tFreeBlocks = nullptr;
+thread_local int tFreeCount = 0;
+thread_local bool tThreadEnded = false;
+
+struct BlockReturn {
+  ~BlockReturn() {
+    tThreadEnded = true;
+    while (FreeBlock* block = tFreeBlocks) {
+      tFreeBlocks = block->next;
+      ::operator delete(block);
+    }
+    tFreeCount = 0;
+  }
+};
+thread_local BlockReturn tBlockReturn;
+
+}  // namespace
+
+void* WorkQueue::takeBlock() {
+  if (FreeBlock* block = tFreeBlocks) {
+    tFreeBlocks = block->next;
+    --tFreeCount;
+    return block;
+  }
+  return ::operator new(kBlockBytes);
+}
+
+void WorkQueue::giveBlock(void* block) {
+  (void)&tBlockReturn;  // constructs it in this thread, so its blocks go back when it ends
+  if (tThreadEnded || tFreeCount >= kKeptBlocks) return ::operator delete(block);
+  tFreeBlocks = new (block) FreeBlock{tFreeBlocks};
+  ++tFreeCount;
+}
 
 void WorkQueue::Item::wait(Deadline deadline) {
-  if (!isCompleted()) owner_->waitFor(*this, deadline);
+  if (!isCompleted()) owner_->waitFor(*this, &deadline);
   if (error_) std::rethrow_exception(error_);
 }
 
-// An operation queued behind others starts when they end, and each has the group's timeout from
-// its start: twice that covers the common case of one operation ahead.
 void WorkQueue::Item::wait() {
-  wait(deadlineAfter(2 * owner_->timeout_));
+  if (!isCompleted()) owner_->waitFor(*this, nullptr);
+  if (error_) std::rethrow_exception(error_);
 }
 
 void WorkQueue::Item::execute(std::exception_ptr latched, Millis timeout) {
@@ -21,7 +81,7 @@ void WorkQueue::Item::execute(std::exception_ptr latched, Millis timeout) {
     error_ = latched;
   } else {
     try {
-      run(deadlineAfter(timeout));
+      run(coarseDeadlineAfter(timeout));
     } catch (const std::exception& e) {
       HETRA_WARN("comm", describe(), " failed: ", e.what());
       error_ = std::current_exception();
@@ -48,7 +108,7 @@ WorkQueue::~WorkQueue() {
 void WorkQueue::push(std::shared_ptr<Item> item) {
   std::lock_guard<std::mutex> lock(mutex_);
   queue_.push_back(std::move(item));
-  queued_.fetch_add(1, std::memory_order_release);
+  queued_.store(queue_.size(), std::memory_order_release);  // a plain store: written under the lock
   // A polling progress thread finds the operation by itself; only a deep sleeper needs a wake-up.
   if (workerAsleep_) cv_.notify_all();
 }
@@ -61,10 +121,12 @@ void WorkQueue::latch(std::exception_ptr error) {
 // The waiting thread runs queued operations itself, in order, when nobody else is running one: an
 // operation issued and waited for at once never crosses threads, so small collectives cost what
 // the algorithm costs (no thread wake-up on the critical path).
-void WorkQueue::waitFor(Item& item, Deadline deadline) {
+void WorkQueue::waitFor(Item& item, const Deadline* deadline) {
   // The clock is read only once running the queue's front is not enough: an operation issued and
-  // waited for at once completes without one.
-  Clock::time_point start{}, spinUntil{};
+  // waited for at once completes without one. An operation queued behind others starts when they
+  // end, and each has the group's timeout from its start: twice that covers the common case of one
+  // operation ahead, and is the default deadline.
+  Clock::time_point start{}, spinUntil{}, limit{};
   while (!item.isCompleted()) {
     if (!executing_.load(std::memory_order_acquire) &&
         queued_.load(std::memory_order_acquire) > 0) {
@@ -75,6 +137,7 @@ void WorkQueue::waitFor(Item& item, Deadline deadline) {
     if (start == Clock::time_point{}) {
       start = Clock::now();
       spinUntil = start + std::chrono::microseconds(kWaitSpinUs);
+      limit = deadline ? *deadline : start + 2 * timeout_;
     }
     if (Clock::now() < spinUntil) {
       std::this_thread::yield();
@@ -83,7 +146,7 @@ void WorkQueue::waitFor(Item& item, Deadline deadline) {
     std::unique_lock<std::mutex> lock(mutex_);
     ++waiters_;
     const bool ready = cv_.wait_until(
-        lock, deadline, [&] { return item.isCompleted() || (!executing_ && !queue_.empty()); });
+        lock, limit, [&] { return item.isCompleted() || (!executing_ && !queue_.empty()); });
     --waiters_;
     if (!ready)
       throw TimeoutError(str("waiting for ", item.describe(), " timed out after ",
@@ -101,7 +164,7 @@ void WorkQueue::waitFor(Item& item, Deadline deadline) {
 void WorkQueue::executeFront(std::unique_lock<std::mutex>& lock) {
   std::shared_ptr<Item> item = std::move(queue_.front());
   queue_.pop_front();
-  queued_.fetch_sub(1, std::memory_order_release);
+  queued_.store(queue_.size(), std::memory_order_release);
   executing_.store(true, std::memory_order_release);
   const std::exception_ptr latched = failed_;
   lock.unlock();

@@ -19,6 +19,9 @@
 #ifdef HETRA_WITH_TORCH
 #include "run_command.h"
 #endif
+#ifdef HETRA_WITH_CUDA
+#include "cuda/nccl_transport.h"
+#endif
 
 namespace {
 
@@ -168,6 +171,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hetra: %s\n", e.what());
     return 2;
   }
+#ifdef HETRA_WITH_CUDA
+  // hetra_comm does not link hetra_cuda: the program adds its transport ("nccl") to the table,
+  // before any command forms a group.
+  cuda::registerTransports();
+#endif
   std::string error;
   const int code = runCommand(argc, argv, error);
   if (channel) channel->bye(code, error);

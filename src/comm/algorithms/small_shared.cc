@@ -48,7 +48,10 @@ std::atomic_ref<uint64_t> stampOf(const SharedArena& arena, int rank, uint64_t o
 // Waits until `peer` has published operation `op`: spins on its stamp, then waits on its step.
 void waitForPeer(SharedArena& arena, int peer, uint64_t op, Deadline deadline) {
   const auto stamp = stampOf(arena, peer, op);
-  if (stamp.load(std::memory_order_acquire) == op + 1) return;
+  for (int i = 0; i < SharedArena::kPausesBeforeClock && arena.spinNs() > 0; ++i) {
+    if (stamp.load(std::memory_order_acquire) == op + 1) return;
+    _mm_pause();
+  }
   const auto spinUntil = Clock::now() + std::chrono::nanoseconds(arena.spinNs());
   do {
     for (int i = 0; i < 16; ++i) {

@@ -128,7 +128,9 @@ class Provider {
     (void)group;
     return nullptr;
   }
-  // Predicted seconds of `op` in this group.
+  // Predicted seconds of `op` in this group. Like whyNot(), a function of the operation's kind,
+  // dtype, reduce op, place, size and codec and of the group facts only: the communicator remembers
+  // its choices by them (choice_cache.h).
   virtual double seconds(const Operation& op, const GroupFacts& group) const = 0;
 
   // The collectives (c10d's shape): each defaults to an error naming the provider and the

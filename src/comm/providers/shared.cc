@@ -36,8 +36,8 @@ class SharedProvider final : public AlgorithmProvider<SharedArena> {
         return group.arenaLink.seconds(1 + 2 * pieces, 3 * bytes);
       case OpKind::Broadcast:
         return group.arenaLink.seconds(1 + pieces, 2 * bytes);
-      case OpKind::Barrier:
-        return group.arenaLink.seconds(1, 0);
+      case OpKind::Barrier:  // its sync point, then every peer's header from another line
+        return group.arenaLink.seconds(1, n * kHeaderBytes);
     }
     return 0;
   }

@@ -44,15 +44,15 @@
 // independently.
 //
 // Failure model (as tcp). The first fault a rank sees (a timeout, a mismatched size, an MPI error,
-// abort(), a request destroyed while pending) is latched: the rank sends an Abort envelope (culprit
-// and reason) to every peer and wakes its local waiters; a peer that reads it fails with the
-// original culprit and forwards it. A rank that destroys its transport cleanly sends Close, so a
-// peer's receive that can no longer be matched fails with PeerAbortedError naming it. MPI errors
-// are returned (MPI_ERRORS_RETURN on our communicators) and become PeerAbortedError naming the peer
-// of the failed request, or IoError when no peer is involved. We never call MPI_Abort: it ends
-// every process of the MPI job, not only this group; it remains the application's last resort. Open
-// MPI without ULFM cannot survive a dead process: mpirun ends the job, so that case never reaches
-// us.
+// abort(), a request destroyed while pending) is latched (failure_latch.h): the rank sends an
+// Abort envelope (culprit and reason) to every peer and wakes its local waiters; a peer that
+// reads it fails with the original culprit and forwards it. A rank that destroys its transport
+// cleanly sends Close, so a peer's receive that can no longer be matched fails with
+// PeerAbortedError naming it. MPI errors are returned (MPI_ERRORS_RETURN on our communicators) and
+// become PeerAbortedError naming the peer of the failed request, or IoError when no peer is
+// involved. We never call MPI_Abort: it ends every process of the MPI job, not only this group; it
+// remains the application's last resort. Open MPI without ULFM cannot survive a dead process:
+// mpirun ends the job, so that case never reaches us.
 #include "comm/transport/mpi_transport.h"
 
 #include <sched.h>
@@ -71,6 +71,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "comm/transport/failure_latch.h"
 #include "comm/transport/group_join.h"
 #include "comm/transport/mpi_runtime.h"
 #include "comm/transport/peer_request.h"
@@ -152,7 +153,10 @@ class MpiTransport final : public Transport {
         group_(group),
         tagRange_(uint64_t(tagUpperBound())),
         hosts_(std::move(hosts)),
-        peers_(size_t(size)) {
+        peers_(size_t(size)),
+        failure_("mpi", [this](int culprit, const std::string& message) {
+          tellPeersLocked(culprit, message);
+        }) {
     for (int peer = 0; peer < size_; ++peer) {
       Peer& p = peers_[size_t(peer)];
       p.sendBase = pairBase(rank_, peer);
@@ -170,9 +174,8 @@ class MpiTransport final : public Transport {
   std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
   std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
   void abort(const std::string& reason) override {
-    const std::string message = str(who(rank_), " aborted the group: ", reason);
     std::lock_guard<std::mutex> lock(mutex_);
-    failLocked(std::make_exception_ptr(PeerAbortedError(rank_, message)), rank_, message);
+    failure_.abort(rank_, who(rank_), reason);
   }
   uint64_t bytesSent() const override { return sent_.load(std::memory_order_relaxed); }
   uint64_t bytesReceived() const override { return received_.load(std::memory_order_relaxed); }
@@ -200,7 +203,8 @@ class MpiTransport final : public Transport {
   void checkClosed(int peer);
   void sendOrphan(int peer, const Envelope& envelope, const std::string& payload);
   void testOrphans();
-  std::exception_ptr failLocked(std::exception_ptr error, int culprit, const std::string& message);
+  // failure_'s notify: an Abort envelope (culprit, message) to every peer.
+  void tellPeersLocked(int culprit, const std::string& message);
   // An MPI call failed: PeerAbortedError naming `peer`, or IoError when peer < 0.
   std::exception_ptr failMpi(int peer, int code, const std::string& what);
 
@@ -216,7 +220,7 @@ class MpiTransport final : public Transport {
   std::mutex mutex_;
   std::vector<Peer> peers_;
   std::vector<Orphan> orphans_;
-  std::exception_ptr failure_;
+  FailureLatch failure_;
   std::optional<Deadline> releaseUntil_;  // the shared grace for abandoned MPI requests
   bool closing_ = false;                  // Close was sent (or the group failed): send nothing more
 };
@@ -235,7 +239,7 @@ void MpiTransport::start() {
     if (peer == rank_) continue;
     peers_[size_t(peer)].inbox.resize(kEnvelopeBytes);
     postInbox(peer);
-    if (failure_) std::rethrow_exception(failure_);
+    failure_.rethrowIfFailed();
   }
 }
 
@@ -251,7 +255,7 @@ std::unique_ptr<Request> MpiTransport::isend(int peer, uint64_t tag, const void*
   auto request = std::make_unique<MpiRequest>(
       *this, true, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (failure_) std::rethrow_exception(failure_);
+  failure_.rethrowIfFailed();
   Peer& p = peers_[size_t(peer)];
   Envelope e;
   e.type = EnvelopeType::Data;
@@ -286,7 +290,7 @@ std::unique_ptr<Request> MpiTransport::irecv(int peer, uint64_t tag, void* data,
   auto request =
       std::make_unique<MpiRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (failure_) std::rethrow_exception(failure_);
+  failure_.rethrowIfFailed();
   Peer& p = peers_[size_t(peer)];
   if (p.matcher.oldestArrived(tag)) {
     // The oldest envelope of this tag arrived first: it is this receive's.
@@ -298,7 +302,7 @@ std::unique_ptr<Request> MpiTransport::irecv(int peer, uint64_t tag, void* data,
     request->queued_ = true;
     checkClosed(peer);
   }
-  if (failure_) std::rethrow_exception(failure_);
+  failure_.rethrowIfFailed();
   return request;
 }
 
@@ -308,7 +312,7 @@ void MpiTransport::match(MpiRequest& request, uint64_t seq, uint64_t bytes,
   if (bytes != request.bytes_) {
     const std::string message =
         sizeMismatchMessage("mpi", who(peer), bytes, request.tag_, rank_, request.bytes_);
-    failLocked(std::make_exception_ptr(MismatchError(message)), rank_, message);
+    failure_.latch(std::make_exception_ptr(MismatchError(message)), rank_, message);
     return;
   }
   request.matched_ = true;
@@ -325,7 +329,7 @@ void MpiTransport::match(MpiRequest& request, uint64_t seq, uint64_t bytes,
     const std::string message =
         str("mpi: rank ", rank_, " has more than ", tagRange_, " data chunks from ", who(peer),
             " outstanding; their MPI tags would repeat (receive the older messages first)");
-    failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+    failure_.latch(std::make_exception_ptr(IoError(message)), rank_, message);
     return;
   }
   for (size_t offset = 0, chunk = 0; offset < bytes; offset += kChunkBytes, ++chunk) {
@@ -372,7 +376,7 @@ void MpiTransport::test(MpiRequest& request) {
       const std::string message =
           str("mpi: rank ", rank_, " received ", count, " bytes where chunk ", i, " of the ",
               request.describe(), " has ", request.chunkBytes_[i], " (a stray message)");
-      failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+      failure_.latch(std::make_exception_ptr(IoError(message)), rank_, message);
       return;
     }
   }
@@ -408,7 +412,7 @@ void MpiTransport::handleEnvelope(int peer, size_t size) {
   if (!problem.empty()) {
     const std::string message =
         str("mpi: rank ", rank_, " received a malformed envelope from ", who(peer), ": ", problem);
-    failLocked(std::make_exception_ptr(IoError(message)), peer, message);
+    failure_.latch(std::make_exception_ptr(IoError(message)), peer, message);
     return;
   }
   if (e.group != group_) {
@@ -441,7 +445,7 @@ void MpiTransport::handleEnvelope(int peer, size_t size) {
       const int culprit = e.seq < uint64_t(size_) ? int(e.seq) : peer;
       const std::string message = str(std::string(reinterpret_cast<const char*>(payload), e.bytes),
                                       " (seen by rank ", rank_, ")");
-      failLocked(std::make_exception_ptr(PeerAbortedError(culprit, message)), culprit, message);
+      failure_.latch(std::make_exception_ptr(PeerAbortedError(culprit, message)), culprit, message);
       return;
     }
     case EnvelopeType::Close:
@@ -460,7 +464,7 @@ void MpiTransport::checkClosed(int peer) {
   if (!stranded) return;
   const std::string message = str(who(peer), " closed its transport before the ",
                                   (*stranded)->describe(), " on rank ", rank_, " completed");
-  failLocked(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
+  failure_.latch(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
 }
 
 void MpiTransport::sendOrphan(int peer, const Envelope& envelope, const std::string& payload) {
@@ -482,11 +486,7 @@ void MpiTransport::testOrphans() {
                  orphans_.end());
 }
 
-std::exception_ptr MpiTransport::failLocked(std::exception_ptr error, int culprit,
-                                            const std::string& message) {
-  if (failure_) return failure_;
-  failure_ = error;
-  HETRA_DEBUG("comm", "mpi: group failed: ", message);
+void MpiTransport::tellPeersLocked(int culprit, const std::string& message) {
   Envelope e;
   e.type = EnvelopeType::Abort;
   e.group = group_;
@@ -495,15 +495,14 @@ std::exception_ptr MpiTransport::failLocked(std::exception_ptr error, int culpri
   e.bytes = reason.size();
   for (int peer = 0; peer < size_ && !closing_; ++peer)
     if (peer != rank_) sendOrphan(peer, e, reason);
-  return failure_;
 }
 
 std::exception_ptr MpiTransport::failMpi(int peer, int code, const std::string& what) {
   const std::string message =
       str("mpi: ", what, " failed on rank ", rank_, ": ", mpiErrorText(code));
   if (peer >= 0)
-    return failLocked(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
-  return failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+    return failure_.latch(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
+  return failure_.latch(std::make_exception_ptr(IoError(message)), rank_, message);
 }
 
 void MpiTransport::wait(MpiRequest& request, Deadline deadline) {
@@ -515,22 +514,22 @@ void MpiTransport::wait(MpiRequest& request, Deadline deadline) {
       if (!failure_) test(request);
     }
     if (request.done_) return;
-    if (failure_) std::rethrow_exception(failure_);
+    failure_.rethrowIfFailed();
     const auto now = Clock::now();
     const Peer& p = peers_[size_t(request.peer_)];
     if (request.isSend_ && p.closed && now - p.closedAt >= kCloseGrace) {
       const std::string message = str(who(request.peer_), " closed its transport before the ",
                                       request.describe(), " on rank ", rank_, " completed");
       std::rethrow_exception(
-          failLocked(std::make_exception_ptr(PeerAbortedError(request.peer_, message)),
-                     request.peer_, message));
+          failure_.latch(std::make_exception_ptr(PeerAbortedError(request.peer_, message)),
+                         request.peer_, message));
     }
     if (now >= deadline) {
       const auto waited = std::chrono::duration_cast<Millis>(now - start);
       const std::string message = str("mpi: rank ", rank_, " timed out after ", waited.count(),
                                       " ms waiting for the ", request.describe());
       std::rethrow_exception(
-          failLocked(std::make_exception_ptr(TimeoutError(message)), request.peer_, message));
+          failure_.latch(std::make_exception_ptr(TimeoutError(message)), request.peer_, message));
     }
     lock.unlock();
     // MPI has no blocking wait with a deadline: "blocking" is sleeping in slices.
@@ -565,7 +564,7 @@ void MpiTransport::release(MpiRequest& request) {
     // The peer will send this message (or expects it): the group cannot continue consistently.
     const std::string message =
         str("rank ", rank_, " abandoned a pending ", request.describe(), " (a bug in the caller)");
-    failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+    failure_.latch(std::make_exception_ptr(IoError(message)), rank_, message);
   }
   if (request.mpi_.empty()) return;
   // MPI may still write into (or read from) the caller's buffer: cancel what can be cancelled
@@ -624,7 +623,7 @@ MpiTransport::~MpiTransport() {
   Parked parked;
   parked.comm = comm_;
   parked.group = group_;
-  parked.failed = failure_ != nullptr;
+  parked.failed = bool(failure_);
   parked.orphans = std::move(orphans_);
   for (int peer = 0; peer < size_; ++peer) {
     Peer& p = peers_[size_t(peer)];

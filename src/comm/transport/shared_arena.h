@@ -35,6 +35,9 @@ namespace hetra::comm {
 
 class SharedArena {
  public:
+  // Pauses a waiter spins before it first reads the clock (waitSlow() and the small-slot waits).
+  static constexpr int kPausesBeforeClock = 32;
+
   // One per rank, alone on its cache line: the owner's step and the number of ranks asleep on it.
   struct alignas(64) StepWord {
     std::atomic<uint64_t> value{0};

@@ -803,6 +803,12 @@ void checkSegmentName(const std::string& name) {
 
 void SharedArena::waitSlow(int peer, uint64_t target, Deadline deadline, const char* what) {
   StepWord& word = l_.steps[peer];
+  // A peer on its way arrives within a few pauses: they come before the first clock read, which in
+  // a VM costs about as much as a small collective's own work.
+  for (int i = 0; i < kPausesBeforeClock && l_.spinNs > 0; ++i) {
+    if (word.value.load(std::memory_order_acquire) >= target) return;
+    _mm_pause();
+  }
   const auto start = Clock::now();
   auto nextLivenessCheck = start + kLivenessPeriod;
   if (l_.spinNs > 0) {

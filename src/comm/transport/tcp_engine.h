@@ -32,6 +32,7 @@
 #include <unordered_map>
 
 #include "comm/transport/abort_record.h"
+#include "comm/transport/failure_latch.h"
 #include "comm/transport/peer_request.h"
 #include "comm/transport/tag_matcher.h"
 #include "comm/transport/tcp_transport.h"
@@ -156,7 +157,10 @@ class TcpTransport final : public Transport {
         size_(size),
         options_(options),
         secret_(options.auth.resolve()),
-        peers_(size_t(size)) {
+        peers_(size_t(size)),
+        failure_("tcp", [this](int culprit, const std::string& message) {
+          tellPeersLocked(culprit, message);
+        }) {
     if (options.rateLimitBytesPerSecond > 0) bucket_.emplace(options.rateLimitBytesPerSecond);
   }
   ~TcpTransport() override;
@@ -172,10 +176,9 @@ class TcpTransport final : public Transport {
   std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
   std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
   void abort(const std::string& reason) override {
-    const std::string message = str(who(rank_), " aborted the group: ", reason);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      failLocked(std::make_exception_ptr(PeerAbortedError(rank_, message)), rank_, message);
+      failure_.abort(rank_, who(rank_), reason);
     }
     publishRecord();
   }
@@ -209,9 +212,10 @@ class TcpTransport final : public Transport {
   void lost(int peer, const std::string& why);
   void checkClosed(int peer);
 
-  // Failure handling. failLocked latches `error` (first call wins), sends Abort frames, shuts the
-  // connections and wakes everyone; publishRecord (without the lock) then writes the store record.
-  std::exception_ptr failLocked(std::exception_ptr error, int culprit, const std::string& message);
+  // Failure handling. failure_.latch() (with the lock) latches an error, the first call wins; it
+  // calls tellPeersLocked, which sends Abort frames, shuts the connections and wakes everyone;
+  // publishRecord (without the lock) then writes the store record.
+  void tellPeersLocked(int culprit, const std::string& message);
   void publishRecord();
   bool readAbortRecord(int& culprit, std::string& message);
   // A connection dropped without an Abort frame: blames the culprit of the abort record if one
@@ -248,7 +252,7 @@ class TcpTransport final : public Transport {
   std::optional<TokenBucket> bucket_;
   bool throttled_ = false;
   size_t unexpectedBytes_ = 0;
-  std::exception_ptr failure_;
+  FailureLatch failure_;
   std::string unpublishedRecord_;
   // Peers whose connection dropped without an Abort frame, noticed by the driver.
   std::vector<std::pair<int, std::string>> lostPeers_;

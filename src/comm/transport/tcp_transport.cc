@@ -66,7 +66,7 @@ std::unique_ptr<Request> TcpTransport::isend(int peer, uint64_t tag, const void*
   auto request = std::make_unique<TcpRequest>(
       *this, true, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (failure_) std::rethrow_exception(failure_);
+  failure_.rethrowIfFailed();
   Peer& p = peers_[size_t(peer)];
   TcpFrameHeader header;
   header.type = TcpFrameHeader::Type::Data;
@@ -77,7 +77,7 @@ std::unique_ptr<Request> TcpTransport::isend(int peer, uint64_t tag, const void*
   request->queued_ = true;
   p.sends.push_back(request.get());
   checkClosed(peer);
-  if (failure_) std::rethrow_exception(failure_);
+  failure_.rethrowIfFailed();
   // Write now: a small message is on the wire before isend returns.
   if (p.sends.size() == 1 && !p.writeBlocked) writePeer(peer);
   if (throttled_ && driving_) wakeDriver();  // its sleep may be longer than the token wait
@@ -88,7 +88,7 @@ std::unique_ptr<Request> TcpTransport::irecv(int peer, uint64_t tag, void* data,
   auto request =
       std::make_unique<TcpRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (failure_) std::rethrow_exception(failure_);
+  failure_.rethrowIfFailed();
   Peer& p = peers_[size_t(peer)];
   if (auto* oldest = p.matcher.oldestArrived(tag)) {
     // The oldest message of this tag arrived first: it is this receive's.
@@ -96,7 +96,7 @@ std::unique_ptr<Request> TcpTransport::irecv(int peer, uint64_t tag, void* data,
       const std::string message =
           sizeMismatchMessage("tcp", who(peer), (*oldest)->data.size(), tag, rank_, bytes);
       std::rethrow_exception(
-          failLocked(std::make_exception_ptr(MismatchError(message)), rank_, message));
+          failure_.latch(std::make_exception_ptr(MismatchError(message)), rank_, message));
     }
     std::shared_ptr<Unexpected> message = p.matcher.takeArrived(tag);
     if (bytes) std::memcpy(data, message->data.data(), message->got);
@@ -125,7 +125,7 @@ std::unique_ptr<Request> TcpTransport::irecv(int peer, uint64_t tag, void* data,
     updateInterest(p);
   }
   checkClosed(peer);
-  if (failure_) std::rethrow_exception(failure_);
+  failure_.rethrowIfFailed();
   return request;
 }
 
@@ -155,7 +155,7 @@ void TcpTransport::release(TcpRequest& request) {
       // The peer will send this message (or expects it): the group cannot continue consistently.
       const std::string message = str("rank ", rank_, " abandoned a pending ", request.describe(),
                                       " (a bug in the caller)");
-      failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+      failure_.latch(std::make_exception_ptr(IoError(message)), rank_, message);
       abandoned = true;
     }
   }
@@ -179,7 +179,7 @@ void TcpTransport::wait(TcpRequest& request, Deadline deadline) {
       lock.unlock();
       publishRecord();
       lock.lock();
-      std::rethrow_exception(failure_);
+      std::rethrow_exception(failure_.error());
     }
     if (!lostPeers_.empty() && !driving_) {
       auto [peer, why] = lostPeers_.front();
@@ -196,7 +196,7 @@ void TcpTransport::wait(TcpRequest& request, Deadline deadline) {
       const auto waited = std::chrono::duration_cast<Millis>(now - start);
       const std::string message = str("tcp: rank ", rank_, " timed out after ", waited.count(),
                                       " ms waiting for the ", request.describe());
-      failLocked(std::make_exception_ptr(TimeoutError(message)), request.peer_, message);
+      failure_.latch(std::make_exception_ptr(TimeoutError(message)), request.peer_, message);
       continue;
     }
     if (now >= nextProbe && !driving_) {
@@ -229,7 +229,7 @@ void TcpTransport::wait(TcpRequest& request, Deadline deadline) {
     driving_ = false;
     if (n < 0 && err != EINTR) {
       const std::string message = str("tcp: epoll_wait on rank ", rank_, ": ", errnoText(err));
-      failLocked(std::make_exception_ptr(IoError(message)), rank_, message);
+      failure_.latch(std::make_exception_ptr(IoError(message)), rank_, message);
     }
     for (int i = 0; i < n && !failure_; ++i) {
       const uint32_t peer = events[i].data.u32;
@@ -424,7 +424,7 @@ void TcpTransport::startFrame(int peer) {
   if (!problem.empty()) {
     const std::string message =
         str("tcp: rank ", rank_, " received a malformed frame from ", who(peer), ": ", problem);
-    failLocked(std::make_exception_ptr(IoError(message)), peer, message);
+    failure_.latch(std::make_exception_ptr(IoError(message)), peer, message);
     return;
   }
   p.stageBegin += kTcpFrameHeaderBytes;
@@ -458,7 +458,7 @@ bool TcpTransport::assignTarget(int peer) {
     if ((*oldest)->bytes_ != p.frame.bytes) {
       const std::string message = sizeMismatchMessage("tcp", who(peer), p.frame.bytes, p.frame.tag,
                                                       rank_, (*oldest)->bytes_);
-      failLocked(std::make_exception_ptr(MismatchError(message)), rank_, message);
+      failure_.latch(std::make_exception_ptr(MismatchError(message)), rank_, message);
       return false;
     }
     p.target = p.matcher.takePosted(p.frame.tag);
@@ -479,7 +479,7 @@ void TcpTransport::finishFrame(int peer) {
   if (p.frame.type == TcpFrameHeader::Type::Abort) {
     const int culprit = p.frame.tag < uint64_t(size_) ? int(p.frame.tag) : peer;
     const std::string message = str(p.abortText, " (seen by rank ", rank_, ")");
-    failLocked(std::make_exception_ptr(PeerAbortedError(culprit, message)), culprit, message);
+    failure_.latch(std::make_exception_ptr(PeerAbortedError(culprit, message)), culprit, message);
     return;
   }
   if (p.target) completeLocked(*p.target);
@@ -499,7 +499,7 @@ void TcpTransport::checkClosed(int peer) {
   if (!stranded) return;
   const std::string message = str(who(peer), " closed its transport before the ",
                                   stranded->describe(), " on rank ", rank_, " completed");
-  failLocked(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
+  failure_.latch(std::make_exception_ptr(PeerAbortedError(peer, message)), peer, message);
 }
 
 // Buffered messages were taken: connections paused for lack of memory may go on.
@@ -530,11 +530,7 @@ void TcpTransport::lost(int peer, const std::string& why) {
 
 // --- TcpTransport: failure ---
 
-std::exception_ptr TcpTransport::failLocked(std::exception_ptr error, int culprit,
-                                            const std::string& message) {
-  if (failure_) return failure_;
-  failure_ = error;
-  HETRA_DEBUG("comm", "tcp: group failed: ", message);
+void TcpTransport::tellPeersLocked(int culprit, const std::string& message) {
   unpublishedRecord_ = str(culprit, "\n", message);
   uint8_t header[kTcpFrameHeaderBytes];
   const std::string reason = message.substr(0, kTcpMaxAbortBytes);
@@ -561,7 +557,6 @@ std::exception_ptr TcpTransport::failLocked(std::exception_ptr error, int culpri
   for (auto& p : peers_) p.sends.clear();
   wakeDriver();
   changed_.notify_all();
-  return failure_;
 }
 
 void TcpTransport::publishRecord() {
@@ -585,7 +580,7 @@ void TcpTransport::disconnected(int peer, const std::string& why) {
   bool found = readAbortRecord(culprit, message);
   auto failed = [&] {
     std::lock_guard<std::mutex> lock(mutex_);
-    return failure_ != nullptr;
+    return bool(failure_);
   };
   while (!found && Clock::now() < graceEnd && !failed()) {
     std::this_thread::sleep_for(Millis(5));
@@ -599,7 +594,7 @@ void TcpTransport::disconnected(int peer, const std::string& why) {
       culprit = peer;
       message = str(who(peer), " disconnected: ", why, " (seen by rank ", rank_, ")");
     }
-    failLocked(std::make_exception_ptr(PeerAbortedError(culprit, message)), culprit, message);
+    failure_.latch(std::make_exception_ptr(PeerAbortedError(culprit, message)), culprit, message);
   }
   publishRecord();
 }
@@ -610,7 +605,7 @@ void TcpTransport::probeRecord() {
   if (!readAbortRecord(culprit, message)) return;
   std::lock_guard<std::mutex> lock(mutex_);
   message += str(" (seen by rank ", rank_, ")");
-  failLocked(std::make_exception_ptr(PeerAbortedError(culprit, message)), culprit, message);
+  failure_.latch(std::make_exception_ptr(PeerAbortedError(culprit, message)), culprit, message);
 }
 
 void TcpTransport::wakeDriver() {
