@@ -24,6 +24,7 @@
 #include "rank_group.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/device_memory.h"
 #include "train/report.h"
 #include "train/trainer.h"
 
@@ -72,6 +73,7 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
   if (!context) {
     if (options.printConfig) {
       std::printf("%s", train::toToml(config).c_str());
+      std::printf("\n%s", train::predictedMemory(config).c_str());
       return 0;
     }
     for (const auto& warning : config.warnings)
