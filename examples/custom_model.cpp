@@ -37,6 +37,7 @@
 #include "common/errors.h"
 #include "common/logging.h"
 #include "store/store.h"
+#include "train/activation_checkpoint.h"
 #include "train/config.h"
 #include "train/datasets.h"
 #include "train/models.h"
@@ -48,7 +49,8 @@ constexpr int64_t kTrainSamples = 4096;
 constexpr int64_t kTestSamples = 1024;
 constexpr double kMinAccuracy = 0.90;  // working runs reach 0.99-1.0
 
-// A residual MLP: x -> Linear -> [x + Linear(relu(Linear(x)))] * blocks -> Linear -> logits.
+// A residual MLP: x -> Linear -> [x + Linear(relu(Linear(x)))] * blocks -> Linear -> logits, each
+// residual block checkpointed.
 // Like hetra's own models it has no BatchNorm and no dropout: with data parallelism a replica's
 // result must not depend on how the batch is split between devices.
 class ResidualMlp : public hetra::train::Model {
@@ -65,7 +67,16 @@ class ResidualMlp : public hetra::train::Model {
 
   torch::Tensor forward(torch::Tensor x) override {
     x = input_(x);
-    for (size_t i = 0; i < inner_.size(); ++i) x = x + outer_[i](torch::relu(inner_[i](x)));
+    for (size_t i = 0; i < inner_.size(); ++i) {
+      auto& inner = inner_[i];
+      auto& outer = outer_[i];
+      auto block = [&](const torch::Tensor& h) { return h + outer(torch::relu(inner(h))); };
+      // A checkpointed block keeps only its input for backward and recomputes the rest there
+      // (hetra/train/activation_checkpoint.h): the gradients are the same, the activations fewer.
+      auto parameters = inner->parameters();
+      for (const auto& p : outer->parameters()) parameters.push_back(p);
+      x = hetra::train::checkpoint(block, x, parameters);
+    }
     return output_(torch::relu(x));
   }
 

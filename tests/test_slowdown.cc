@@ -5,6 +5,7 @@
 #include <chrono>
 #include <vector>
 
+#include "device/compute_scope.h"
 #include "device/slowdown.h"
 
 namespace hetra::device {
@@ -79,6 +80,79 @@ TEST(SlowdownEmulator, AStallIsRepaidOnlyUpToTheCap) {
 
 // The real sleep: never shorter than asked, and what it reports is time that passed (measured
 // around it here, so no bound on how late a busy machine wakes it).
+// Clocks the test moves by hand: a segment's wall and work are exactly what the test says.
+struct ManualClocks {
+  double wall = 100, work = 7;
+  ComputeClocks clocks() {
+    return {[this] { return wall; }, [this] { return work; }};
+  }
+};
+
+TEST(ComputeScope, StretchesASegmentToSTimesItsCpuTime) {
+  ManualClocks time;
+  const ComputeClocks clocks = time.clocks();
+  LateSleep sleep;
+  SlowdownEmulator emulator(sleep.fn());
+  {
+    ComputeScope segment(emulator, 3.0, clocks);
+    time.wall += 0.004;  // 4 ms of wall time, 2 ms of it computing (the rest waiting for a core)
+    time.work += 0.002;
+  }
+  // s x work - wall = 3 x 2 ms - 4 ms.
+  ASSERT_EQ(sleep.requests.size(), 1u);
+  EXPECT_NEAR(sleep.requests[0], 0.002, 1e-12);
+  // A segment that ends explicitly sleeps then, and not again when the scope closes.
+  {
+    ComputeScope segment(emulator, 2.0, clocks);
+    time.wall += 0.001;
+    time.work += 0.001;
+    EXPECT_NEAR(segment.end(), 0.001, 1e-12);
+    time.wall += 1.0;
+  }
+  EXPECT_EQ(sleep.requests.size(), 2u);
+}
+
+TEST(ComputeScope, ConsecutiveSegmentsShareTheEmulatorsDebt) {
+  ManualClocks time;
+  const ComputeClocks clocks = time.clocks();
+  LateSleep sleep;
+  sleep.late = 0.0005;  // every sleep ends 0.5 ms late
+  SlowdownEmulator emulator(sleep.fn());
+  for (int i = 0; i < 2; ++i) {
+    ComputeScope segment(emulator, 2.0, clocks);
+    time.wall += 0.001;
+    time.work += 0.001;
+  }
+  // The second segment owes 1 ms and sleeps 0.5 ms less: the first one's lateness.
+  ASSERT_EQ(sleep.requests.size(), 2u);
+  EXPECT_NEAR(sleep.requests[0], 0.001, 1e-12);
+  EXPECT_NEAR(sleep.requests[1], 0.0005, 1e-12);
+}
+
+TEST(ComputeScope, AFailedSegmentIsNotEmulated) {
+  ManualClocks time;
+  const ComputeClocks clocks = time.clocks();
+  LateSleep sleep;
+  SlowdownEmulator emulator(sleep.fn());
+  try {
+    ComputeScope segment(emulator, 5.0, clocks);
+    time.work += 0.001;
+    time.wall += 0.001;
+    throw std::runtime_error("out of memory");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_TRUE(sleep.requests.empty());
+}
+
+TEST(ComputeScope, ThisProcessesClocksMeasureTheCallingThread) {
+  const ComputeClocks clocks = ComputeClocks::ofThisProcess(1);
+  const double wall = clocks.wall(), work = clocks.work();
+  volatile double sink = 0;
+  for (int i = 0; i < 2000000; ++i) sink = sink + 1e-9 * i;
+  EXPECT_GT(clocks.work(), work);
+  EXPECT_GE(clocks.wall() - wall, clocks.work() - work - 1e-3);
+}
+
 TEST(SlowdownEmulator, RealSleepReturnsWhatItSlept) {
   SlowdownEmulator::tightenTimerSlack();
   const auto before = std::chrono::steady_clock::now();

@@ -136,6 +136,7 @@ bool hasType(const nlohmann::json& value, const std::string& type) {
   if (type == "number") return value.is_number();
   if (type == "number or null") return value.is_number() || value.is_null();
   if (type == "string") return value.is_string();
+  if (type == "object or null") return value.is_object() || value.is_null();
   if (type == "array") return value.is_array();
   if (type == "array of strings")
     return value.is_array() &&

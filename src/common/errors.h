@@ -6,6 +6,7 @@
 // process.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -56,6 +57,31 @@ class MismatchError : public Error {
 class ConfigError : public Error {
  public:
   using Error::Error;
+};
+
+// An emulated device ran out of its memory cap (device/memory_accounting.h): an allocation of
+// `askedBytes` for `category` would have taken the device's accounted bytes past `capBytes`.
+// `peakBytes` is the device's peak so far. The message says all of it, and what would fit when the
+// trainer knows.
+class DeviceOutOfMemoryError : public Error {
+ public:
+  DeviceOutOfMemoryError(const std::string& what, std::string device, int64_t capBytes,
+                         std::string category, int64_t askedBytes, int64_t peakBytes)
+      : Error(what),
+        device_(std::move(device)),
+        category_(std::move(category)),
+        capBytes_(capBytes),
+        askedBytes_(askedBytes),
+        peakBytes_(peakBytes) {}
+  const std::string& device() const { return device_; }
+  const std::string& category() const { return category_; }
+  int64_t capBytes() const { return capBytes_; }
+  int64_t askedBytes() const { return askedBytes_; }
+  int64_t peakBytes() const { return peakBytes_; }
+
+ private:
+  std::string device_, category_;
+  int64_t capBytes_, askedBytes_, peakBytes_;
 };
 
 namespace detail {

@@ -68,6 +68,8 @@ struct TrainConfig {
   std::string checkpointDir = "checkpoints";
   int64_t keepCheckpoints = 3;  // the newest N checkpoints stay, older ones are removed
   double bucketMib = 25.0;      // gradient bucket size for the overlapped allreduce
+  // none | blocks: recompute each block's activations in backward (docs/memory.md)
+  std::string activationCheckpointing = "none";
   bool operator==(const TrainConfig&) const = default;
 };
 

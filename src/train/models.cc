@@ -13,6 +13,7 @@
 #include <random>
 
 #include "common/errors.h"
+#include "train/activation_checkpoint.h"
 
 namespace hetra::train {
 namespace {
@@ -81,70 +82,72 @@ void checkInput(const torch::Tensor& x, const std::vector<int64_t>& sampleShape)
 
 // ---- mlp ----------------------------------------------------------------------------------------
 
-class Mlp : public Model {
+// Blocks: fc0, fc1, ... (linear + ReLU), out.
+class Mlp : public BlockModel {
  public:
   Mlp(const ModelSpec& spec, Init& init) : sampleShape_(spec.sampleShape) {
     int64_t in = product(spec.sampleShape);
     for (size_t i = 0; i < spec.hidden.size(); ++i) {
-      hidden_.push_back(
-          register_module("fc" + std::to_string(i), torch::nn::Linear(in, spec.hidden[i])));
-      init.linear(hidden_.back());
+      const std::string name = "fc" + std::to_string(i);
+      auto layer = register_module(name, torch::nn::Linear(in, spec.hidden[i]));
+      init.linear(layer);
+      addBlock(name, layer->parameters(),
+               [layer](const torch::Tensor& x) { return torch::relu(layer->forward(x)); });
       in = spec.hidden[i];
     }
-    out_ = register_module("out", torch::nn::Linear(in, spec.classes));
-    init.linear(out_);
-  }
-
-  torch::Tensor forward(torch::Tensor x) override {
-    checkInput(x, sampleShape_);
-    x = x.flatten(1);
-    for (auto& layer : hidden_) x = torch::relu(layer->forward(x));
-    return out_->forward(x);
+    auto out = register_module("out", torch::nn::Linear(in, spec.classes));
+    init.linear(out);
+    addBlock("out", out->parameters(), [out](const torch::Tensor& x) { return out->forward(x); });
   }
 
  private:
+  torch::Tensor prologue(torch::Tensor x) override {
+    checkInput(x, sampleShape_);
+    return x.flatten(1);
+  }
   std::vector<int64_t> sampleShape_;
-  std::vector<torch::nn::Linear> hidden_;
-  torch::nn::Linear out_{nullptr};
 };
 
 // ---- cnn ----------------------------------------------------------------------------------------
 
-class Cnn : public Model {
+// Blocks: conv0, conv1, ... (conv + ReLU + max-pool), fc (flatten, linear + ReLU; when
+// cnn_hidden > 0), out (flattening too when there is no fc).
+class Cnn : public BlockModel {
  public:
   Cnn(const ModelSpec& spec, Init& init) : sampleShape_(spec.sampleShape) {
     int64_t in = spec.sampleShape[0];
     for (size_t i = 0; i < spec.channels.size(); ++i) {
+      const std::string name = "conv" + std::to_string(i);
       auto options = torch::nn::Conv2dOptions(in, spec.channels[i], 3).padding(1);
-      convs_.push_back(register_module("conv" + std::to_string(i), torch::nn::Conv2d(options)));
-      init.conv(convs_.back());
+      auto conv = register_module(name, torch::nn::Conv2d(options));
+      init.conv(conv);
+      addBlock(name, conv->parameters(), [conv](const torch::Tensor& x) {
+        return torch::max_pool2d(torch::relu(conv->forward(x)), 2);
+      });
       in = spec.channels[i];
     }
     // Each block halves H and W (floor), as max_pool2d(2) does.
     const size_t blocks = spec.channels.size();
     int64_t features = in * (spec.sampleShape[1] >> blocks) * (spec.sampleShape[2] >> blocks);
     if (spec.cnnHidden > 0) {
-      fc_ = register_module("fc", torch::nn::Linear(features, spec.cnnHidden));
-      init.linear(fc_);
+      auto fc = register_module("fc", torch::nn::Linear(features, spec.cnnHidden));
+      init.linear(fc);
+      addBlock("fc", fc->parameters(),
+               [fc](const torch::Tensor& x) { return torch::relu(fc->forward(x.flatten(1))); });
       features = spec.cnnHidden;
     }
-    out_ = register_module("out", torch::nn::Linear(features, spec.classes));
-    init.linear(out_);
-  }
-
-  torch::Tensor forward(torch::Tensor x) override {
-    checkInput(x, sampleShape_);
-    for (auto& conv : convs_) x = torch::max_pool2d(torch::relu(conv->forward(x)), 2);
-    x = x.flatten(1);
-    if (fc_) x = torch::relu(fc_->forward(x));
-    return out_->forward(x);
+    auto out = register_module("out", torch::nn::Linear(features, spec.classes));
+    init.linear(out);
+    addBlock("out", out->parameters(),
+             [out](const torch::Tensor& x) { return out->forward(x.flatten(1)); });
   }
 
  private:
+  torch::Tensor prologue(torch::Tensor x) override {
+    checkInput(x, sampleShape_);
+    return x;
+  }
   std::vector<int64_t> sampleShape_;
-  std::vector<torch::nn::Conv2d> convs_;
-  torch::nn::Linear fc_{nullptr};
-  torch::nn::Linear out_{nullptr};
 };
 
 // ---- transformer --------------------------------------------------------------------------------
@@ -197,39 +200,47 @@ class Block : public torch::nn::Module {
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
 };
 
-class Transformer : public Model {
+// Blocks: embed (tokens, linear embedding + positions), block0, block1, ... (the layers), head
+// (final LayerNorm, mean-pool over tokens, linear).
+class Transformer : public BlockModel {
  public:
   Transformer(const ModelSpec& spec, Init& init)
       : sampleShape_(spec.sampleShape),
         seqLen_(spec.seqLen),
         tokenFeatures_(product(spec.sampleShape) / spec.seqLen) {
-    embed_ = register_module("embed", torch::nn::Linear(tokenFeatures_, spec.dim));
-    init.linear(embed_);
-    pos_ = register_parameter("pos", torch::empty({spec.seqLen, spec.dim}));
-    init.uniform(pos_, 0.02 * std::sqrt(3.0));  // standard deviation 0.02, as GPT-2's embeddings
-    for (int64_t i = 0; i < spec.layers; ++i)
-      blocks_.push_back(
-          register_module("block" + std::to_string(i), std::make_shared<Block>(spec, init)));
-    ln_ = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({spec.dim})));
-    init.layerNorm(ln_);
-    head_ = register_module("head", torch::nn::Linear(spec.dim, spec.classes));
-    init.linear(head_);
-  }
-
-  torch::Tensor forward(torch::Tensor x) override {
-    checkInput(x, sampleShape_);
-    x = embed_->forward(x.reshape({x.size(0), seqLen_, tokenFeatures_})) + pos_;
-    for (auto& block : blocks_) x = block->forward(x);
-    return head_->forward(ln_->forward(x).mean(1));  // mean-pool over tokens
+    auto embed = register_module("embed", torch::nn::Linear(tokenFeatures_, spec.dim));
+    init.linear(embed);
+    auto pos = register_parameter("pos", torch::empty({spec.seqLen, spec.dim}));
+    init.uniform(pos, 0.02 * std::sqrt(3.0));  // standard deviation 0.02, as GPT-2's embeddings
+    auto embedParameters = embed->parameters();
+    embedParameters.push_back(pos);
+    addBlock("embed", embedParameters, [embed, pos, this](const torch::Tensor& x) {
+      return embed->forward(x.reshape({x.size(0), seqLen_, tokenFeatures_})) + pos;
+    });
+    for (int64_t i = 0; i < spec.layers; ++i) {
+      const std::string name = "block" + std::to_string(i);
+      auto block = register_module(name, std::make_shared<Block>(spec, init));
+      addBlock(name, block->parameters(),
+               [block](const torch::Tensor& x) { return block->forward(x); });
+    }
+    auto ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({spec.dim})));
+    init.layerNorm(ln);
+    auto head = register_module("head", torch::nn::Linear(spec.dim, spec.classes));
+    init.linear(head);
+    auto headParameters = ln->parameters();
+    for (const auto& p : head->parameters()) headParameters.push_back(p);
+    addBlock("head", headParameters, [ln, head](const torch::Tensor& x) {
+      return head->forward(ln->forward(x).mean(1));  // mean-pool over tokens
+    });
   }
 
  private:
+  torch::Tensor prologue(torch::Tensor x) override {
+    checkInput(x, sampleShape_);
+    return x;
+  }
   std::vector<int64_t> sampleShape_;
   int64_t seqLen_, tokenFeatures_;
-  torch::nn::Linear embed_{nullptr}, head_{nullptr};
-  torch::Tensor pos_;
-  std::vector<std::shared_ptr<Block>> blocks_;
-  torch::nn::LayerNorm ln_{nullptr};
 };
 
 // ---- Validation ---------------------------------------------------------------------------------
@@ -278,14 +289,38 @@ void validate(const ModelSpec& spec) {
   }
 }
 
-}  // namespace
-
-std::shared_ptr<Model> makeModel(const ModelSpec& spec) {
-  validate(spec);
+std::shared_ptr<BlockModel> makeBlocks(const ModelSpec& spec) {
   Init init(spec.seed);
   if (spec.name == "mlp") return std::make_shared<Mlp>(spec, init);
   if (spec.name == "cnn") return std::make_shared<Cnn>(spec, init);
   return std::make_shared<Transformer>(spec, init);
+}
+
+}  // namespace
+
+torch::Tensor BlockModel::forward(torch::Tensor x) {
+  x = prologue(std::move(x));
+  for (const auto& block : blocks_)
+    x = checkpointing_ ? checkpoint(block.run, x, block.parameters) : block.run(x);
+  return x;
+}
+
+std::vector<std::string> BlockModel::blockNames() const {
+  std::vector<std::string> names;
+  for (const auto& block : blocks_) names.push_back(block.name);
+  return names;
+}
+
+void BlockModel::addBlock(const std::string& name, std::vector<torch::Tensor> parameters,
+                          std::function<torch::Tensor(const torch::Tensor&)> run) {
+  blocks_.push_back({name, std::move(parameters), std::move(run)});
+}
+
+std::shared_ptr<Model> makeModel(const ModelSpec& spec) {
+  validate(spec);
+  auto model = makeBlocks(spec);
+  model->setCheckpointing(spec.checkpointBlocks);
+  return model;
 }
 
 int64_t parameterCount(const torch::nn::Module& model) {

@@ -5,6 +5,9 @@
 //                  Fashion-MNIST, {features} for Synthetic); a model takes [N, sample shape...].
 //   token          transformer: one row of tokenFeatures = (elements of a sample) / seqLen
 //                  values; a 28x28 image is 28 tokens of 28 features (one per image row).
+//   block          a named step of a built-in model's forward (an MLP layer, a conv block, a
+//                  transformer layer, the head): the unit of activation checkpointing, and of the
+//                  ZeRO-3 gathering and pipeline partitioning to come.
 //   footprint      the memory a replica needs: fixed bytes (parameters, gradients, optimizer state)
 //                  plus bytes per sample of a micro-batch (activations of forward and backward).
 //
@@ -16,6 +19,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +38,8 @@ struct ModelSpec {
   int64_t dim = 64;                          // transformer: model width
   int64_t seqLen = 28;                       // transformer: tokens per sample
   int64_t mlpRatio = 4;                      // transformer: MLP width = mlpRatio * dim
-  bool causal = false;  // transformer: token t attends to tokens <= t only (GPT mask)
+  bool causal = false;            // transformer: token t attends to tokens <= t only (GPT mask)
+  bool checkpointBlocks = false;  // recompute each block's activations in backward
   uint64_t seed = 1;
 };
 
@@ -42,6 +47,31 @@ struct ModelSpec {
 class Model : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(torch::Tensor x) = 0;
+};
+
+// A model that is a sequence of named blocks. forward runs the prologue (input checks, reshapes),
+// then each block on the previous one's output, checkpointed (train/activation_checkpoint.h) when
+// checkpointing is on.
+class BlockModel : public Model {
+ public:
+  torch::Tensor forward(torch::Tensor x) override;
+  std::vector<std::string> blockNames() const;
+  void setCheckpointing(bool on) { checkpointing_ = on; }
+
+ protected:
+  // `parameters` are those `run` reads (registered by the model as usual).
+  void addBlock(const std::string& name, std::vector<torch::Tensor> parameters,
+                std::function<torch::Tensor(const torch::Tensor&)> run);
+  virtual torch::Tensor prologue(torch::Tensor x) = 0;
+
+ private:
+  struct NamedBlock {
+    std::string name;
+    std::vector<torch::Tensor> parameters;
+    std::function<torch::Tensor(const torch::Tensor&)> run;
+  };
+  std::vector<NamedBlock> blocks_;
+  bool checkpointing_ = false;
 };
 
 // Throws ConfigError naming the field when the spec does not describe a buildable model.

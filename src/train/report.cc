@@ -14,6 +14,15 @@ namespace {
 
 using nlohmann::json;
 
+// Each category's peak by name (docs/memory.md), or null where the rank's memory is unknown.
+nlohmann::json memoryJson(const RankStep& rank) {
+  if (rank.peakBytes < 0) return nullptr;
+  nlohmann::json out = nlohmann::json::object();
+  for (size_t c = 0; c < device::kMemoryCategories; ++c)
+    out[device::memoryCategoryName(device::MemoryCategory(c))] = rank.memory[c];
+  return out;
+}
+
 std::string splitText(const std::vector<RankStep>& ranks) {
   std::string text;
   for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "/" : "") + std::to_string(ranks[i].batch);
@@ -84,7 +93,9 @@ void Report::step(const StepRecord& record) {
                      {"compute_s", rank.computeSeconds},
                      {"comm_s", rank.commSeconds},
                      {"bytes_sent", rank.bytesSent},
-                     {"bytes_recv", rank.bytesReceived}});
+                     {"bytes_recv", rank.bytesReceived},
+                     {"peak_bytes", rank.peakBytes},
+                     {"memory", memoryJson(rank)}});
   }
   // null rather than absent while unknown: every step record has the same fields.
   const json ideal =
@@ -140,14 +151,16 @@ void Report::printDeviceTable(const StepRecord& record) {
   if (record.idealSamplesPerSecond > 0)
     std::printf("  balancer: ideal %.0f samples/s (compute only), split in use %.1f%% from it\n",
                 record.idealSamplesPerSecond, 100.0 * record.regret);
-  std::printf("  %-10s %7s %12s %12s %10s %10s\n", "device", "share", "micro x acc", "samples/s",
-              "compute_s", "comm_s");
+  std::printf("  %-10s %7s %12s %12s %10s %10s %11s\n", "device", "share", "micro x acc",
+              "samples/s", "compute_s", "comm_s", "peak mem");
   for (const RankStep& rank : record.ranks) {
     const double compute = rank.computeSeconds;
-    std::printf("  %-10s %6.1f%% %5lld x %-4lld %12.0f %10.4f %10.4f\n", rank.device.c_str(),
+    const std::string peak = rank.peakBytes < 0 ? "-" : device::readableBytes(rank.peakBytes);
+    std::printf("  %-10s %6.1f%% %5lld x %-4lld %12.0f %10.4f %10.4f %11s\n", rank.device.c_str(),
                 100.0 * double(rank.batch) / double(options_.globalBatch),
                 (long long)rank.microBatch, (long long)rank.accumSteps,
-                compute > 0 ? double(rank.batch) / compute : 0.0, compute, rank.commSeconds);
+                compute > 0 ? double(rank.batch) / compute : 0.0, compute, rank.commSeconds,
+                peak.c_str());
   }
   std::fflush(stdout);
 }

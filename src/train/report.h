@@ -3,6 +3,7 @@
 // other rank does nothing, so every rank makes the same calls.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -11,6 +12,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/timing.h"
+#include "device/memory_accounting.h"
 #include "train/progress.h"
 #include "train/trainer.h"
 
@@ -40,6 +42,10 @@ struct RankStep {
   double commSeconds = 0;     // waiting for the gradient all-reduce after the last backward
   int64_t bytesSent = 0;      // payload bytes through the transport this step
   int64_t bytesReceived = 0;
+  // Device memory (docs/memory.md): the peak of the device categories so far, and each
+  // category's peak; -1 where unknown (ranks that are threads of one process).
+  int64_t peakBytes = -1;
+  std::array<int64_t, device::kMemoryCategories> memory{};
 };
 
 struct StepRecord {

@@ -16,6 +16,7 @@ ModelSpec modelSpecOf(const RunConfig& config, const DatasetGeometry& geometry) 
   spec.dim = config.model.dim;
   spec.seqLen = config.model.seqLen;
   spec.seed = uint64_t(config.train.seed);
+  spec.checkpointBlocks = config.train.activationCheckpointing == "blocks";
   return spec;
 }
 

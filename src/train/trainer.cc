@@ -1,7 +1,6 @@
 #include "train/trainer.h"
 
 #include <dlfcn.h>
-#include <time.h>
 
 #include <algorithm>
 #include <optional>
@@ -9,10 +8,13 @@
 #include "balance/balancer.h"
 #include "common/errors.h"
 #include "common/timeline.h"
+#include "device/compute_scope.h"
+#include "device/memory_accounting.h"
 #include "device/slowdown.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
 #include "train/datasets.h"
+#include "train/device_memory.h"
 #include "train/evaluate.h"
 #include "train/models.h"
 #include "train/optim.h"
@@ -35,7 +37,9 @@ enum StatField {
   kBytesSent,
   kBytesReceived,
   kObservations,
-  kFixedFields
+  kPeakBytes,  // device memory: the device categories' peak, -1 when unknown; then each category's
+  kMemoryFirst,
+  kFixedFields = kMemoryFirst + int(device::kMemoryCategories)
 };
 constexpr size_t kStatFields = kFixedFields + 2 * kMaxObservations;
 
@@ -47,12 +51,6 @@ void setComputeThreads(int threads) {
   using SetThreads = void (*)(int);
   if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
     set(threads);
-}
-
-double cpuSeconds(clockid_t clock) {
-  timespec ts;
-  clock_gettime(clock, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 // Splits b samples into k micro-batches as even as possible (sizes differ by at most one).
@@ -86,7 +84,9 @@ class Run {
         comm_(std::move(comm)),
         options_(options),
         rank_(comm_->rank()),
-        device_(config.devices.at(size_t(rank_))) {
+        device_(config.devices.at(size_t(rank_))),
+        memory_(device_.name, device_.memoryBytes),
+        computeClocks_(device::ComputeClocks::ofThisProcess(int(device_.threads))) {
     HETRA_ENFORCE_EQ(size_t(comm_->size()), config.devices.size(), "one rank per device");
     setComputeThreads(int(device_.threads));
     if (slowdownAt(device_, 0) > 1.0 || !device_.slowdownSchedule.empty())
@@ -99,7 +99,11 @@ class Run {
         comm::parseCompression(config.comm.compression), size_t(config.comm.compressionBlock),
         size_t(config.comm.compressionMinBytes));
     parallelOptions.errorFeedback = config.comm.errorFeedback;
-    parallel_ = std::make_unique<DataParallel>(model_, comm_, parallelOptions);
+    {
+      device::MemoryScope buckets(device::MemoryCategory::kCommunication);
+      parallel_ = std::make_unique<DataParallel>(model_, comm_, parallelOptions);
+    }
+    memory_.trackGradients(model_->parameters());
     optimizer_ = makeOptimizer(model_->parameters(), optimSpecOf(config.train));
     sampler_ = std::make_unique<GlobalSampler>(trainData_->size(), config.train.globalBatch,
                                                uint64_t(config.train.seed));
@@ -110,7 +114,10 @@ class Run {
                                                     rankCapsOf(config, footprint_));
     checkpoints_.emplace(config, *comm_,
                          TrainingParts{*model_, *optimizer_, *balancer_, *parallel_});
-    const auto resumed = checkpoints_->start(options.resumeDir);
+    const auto resumed = [&] {
+      device::MemoryScope state(device::MemoryCategory::kOptimizerState);  // loaded on resume
+      return checkpoints_->start(options.resumeDir);
+    }();
     startStep_ = resumed.step;
     if (resumed.dir.empty()) parallel_->broadcastParameters();
     ReportOptions reportOptions;
@@ -194,6 +201,7 @@ class Run {
       testData_ = makeDataset(dataSpecOf(config_), /*train=*/false);
     }
     if (options_.makeModel) {
+      device::MemoryScope parameters(device::MemoryCategory::kParameters);
       model_ = options_.makeModel();
       HETRA_ENFORCE(model_, "TrainerOptions::makeModel returned no model");
       return;
@@ -203,8 +211,11 @@ class Run {
     const DatasetGeometry geometry = options_.makeDataset ? loaded : datasetGeometry(config_.data);
     HETRA_ENFORCE(geometry == loaded, "dataset shape differs from the one the config implies");
     const ModelSpec spec = modelSpecOf(config_, geometry);
-    model_ = makeModel(spec);
-    footprint_ = estimateFootprint(spec);
+    {
+      device::MemoryScope parameters(device::MemoryCategory::kParameters);
+      model_ = makeModel(spec);
+    }
+    footprint_ = estimateFootprint(spec);  // builds a model of its own: host memory, not counted
   }
 
   // The four parts of one data-parallel step (docs/architecture.md); returns its seconds.
@@ -218,15 +229,31 @@ class Run {
     const auto indices = sampler_->indices(step, batchesOf(plan), rank_);
     // 2. k micro-batches of at most m samples, summed gradients; 3. the last backward all-reduces
     // the gradient buckets as they become ready.
-    std::vector<double> report = runMicroBatches(indices, mine, slowdownAt(device_, step));
-    timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients");
-    report[kCommSeconds] = parallel_->finish(1);
-    wait.end();
+    std::vector<double> report;
+    try {
+      report = runMicroBatches(indices, mine, slowdownAt(device_, step));
+    } catch (const DeviceOutOfMemoryError& e) {
+      throw DeviceOutOfMemoryError(
+          whatFits(e, memory_.usageAtLastRefusal(), mine.microBatch,
+                   optimizerStateCopies(config_.train.optimizer, config_.train.momentum),
+                   config_.train.activationCheckpointing == "blocks", str("devices[", rank_, "]")),
+          e.device(), e.capBytes(), e.category(), e.askedBytes(), e.peakBytes());
+    }
+    {
+      timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients");
+      device::MemoryScope buckets(device::MemoryCategory::kCommunication);
+      report[kCommSeconds] = parallel_->finish(1);
+      memory_.adoptGradients();
+    }
     // 4. The optimizer step, then the timings go to the balancer.
     timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
-    if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
-    applyLr(*optimizer_, schedule_->lrAt(step));
-    optimizer_->step();
+    {
+      device::MemoryScope state(device::MemoryCategory::kOptimizerState);
+      device::ComputeScope segment(emulator_, slowdownAt(device_, step), computeClocks_);
+      if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
+      applyLr(*optimizer_, schedule_->lrAt(step));
+      optimizer_->step();
+    }
     parallel_->clearGradients();
     optimizerSpan.end();
     shareTimings(step, plan, std::move(report));
@@ -253,8 +280,9 @@ class Run {
       timeline::Span data(timeline::Lane::Compute, "compute", "data");
       Batch batch = trainData_->get(part);
       data.end();
-      const auto phaseStart = Clock::now();
-      const double cpuStart = computeCpuSeconds();
+      device::MemoryScope activations(device::MemoryCategory::kActivations);
+      // An emulated device of slowdown s takes s times the segment's work (device/compute_scope.h).
+      device::ComputeScope segment(emulator_, slowdown, computeClocks_);
       timeline::Span forward(timeline::Lane::Compute, "compute", "forward");
       forward.arg("micro_batch", int64_t(j)).arg("samples", sizes[j]);
       auto logits = model_->forward(batch.inputs);
@@ -271,14 +299,7 @@ class Run {
       (loss * (1.0 / double(config_.train.globalBatch))).backward();
       report[kLossSum] += loss.item<double>();
       backward.end();
-      timeline::Span sleep(timeline::Lane::Compute, "emulation", "slowdown sleep");
-      sleep.arg("slowdown", slowdown);
-      // An emulated device of slowdown s (device/slowdown.h) takes s times the phase's time t.
-      // t is the phase's CPU time per thread (at most its wall time): when ranks share cores,
-      // wall time includes waiting for a core, which a slower device must not multiply.
-      emulator_.endPhase(slowdown, secondsSince(phaseStart),
-                         (computeCpuSeconds() - cpuStart) / double(device_.threads));
-      sleep.end();
+      segment.end();  // the emulation's sleep, on the timeline as "slowdown sleep"
       const double seconds = secondsSince(computeStart);
       report[kComputeSeconds] += seconds;
       if (observations < kMaxObservations) {
@@ -291,14 +312,6 @@ class Run {
     return report;
   }
 
-  // CPU seconds of the compute phase so far, for the emulation: with one thread, LibTorch and BLAS
-  // run the whole phase on this thread, so its own clock leaves out the communicator's progress
-  // thread (gradient allreduces, polling), whose work is communication and must not be multiplied
-  // by the slowdown. With more threads the process clock is the best we have.
-  double computeCpuSeconds() const {
-    return cpuSeconds(device_.threads > 1 ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_THREAD_CPUTIME_ID);
-  }
-
   // All-gathers the step's report in the background; it reaches the balancer at the end of the
   // next step (or at the next drain()): waiting for it at once would add a synchronisation of all
   // ranks, and with it every rank's optimizer step on the critical path, to every step.
@@ -306,6 +319,7 @@ class Run {
     const uint64_t sent = comm_->bytesSent(), received = comm_->bytesReceived();
     report[kBytesSent] = double(sent - bytesSentBefore_);
     report[kBytesReceived] = double(received - bytesReceivedBefore_);
+    reportMemory(memory_, report.data() + kPeakBytes, report.data() + kMemoryFirst);
     bytesSentBefore_ = sent;
     bytesReceivedBefore_ = received;
     drain();
@@ -341,7 +355,10 @@ class Run {
       const auto& share = gather.plan.ranks[size_t(r)];
       record.ranks.push_back({config_.devices[size_t(r)].name, share.batch, share.microBatch,
                               share.accumSteps, row[kComputeSeconds], row[kCommSeconds],
-                              int64_t(row[kBytesSent]), int64_t(row[kBytesReceived])});
+                              int64_t(row[kBytesSent]), int64_t(row[kBytesReceived]),
+                              int64_t(row[kPeakBytes])});
+      for (size_t c = 0; c < device::kMemoryCategories; ++c)
+        record.ranks.back().memory[c] = int64_t(row[kMemoryFirst + c]);
     }
     const bool changed = balancer_->endStep(gather.step);
     record.loss = lastLoss_ = lossSum / double(config_.train.globalBatch);
@@ -359,6 +376,7 @@ class Run {
   void evaluateAt(int64_t step, TrainResult& result) {
     drain();  // the split of the test set follows the plan, which must be the same on every rank
     timeline::Span span(timeline::Lane::Compute, "eval", "evaluate");
+    device::MemoryScope activations(device::MemoryCategory::kActivations);
     const Evaluation e =
         evaluate(*model_, *testData_, balancer_->plan(), config_.train.globalBatch, *comm_);
     result.testLoss = e.loss;
@@ -387,6 +405,8 @@ class Run {
   TrainerOptions options_;
   int rank_;
   const DeviceConfig& device_;
+  DeviceMemory memory_;  // before every member that allocates tensors
+  device::ComputeClocks computeClocks_;
   std::shared_ptr<const Dataset> trainData_, testData_;
   std::shared_ptr<Model> model_;
   MemoryFootprint footprint_;

@@ -25,6 +25,7 @@
 #include "timeline_merge.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/device_memory.h"
 #include "train/report.h"
 #include "train/trainer.h"
 
@@ -78,6 +79,7 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
   if (!context) {
     if (options.printConfig) {
       std::printf("%s", train::toToml(config).c_str());
+      std::printf("\n%s", train::predictedMemory(config).c_str());
       return 0;
     }
     for (const auto& warning : config.warnings)

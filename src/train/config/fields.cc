@@ -140,6 +140,8 @@ const Fields<TrainConfig>& trainFields() {
                "the newest N checkpoints stay, older ones are removed"),
       numField("bucket_mib", &T::bucketMib, within(0.001, 65536),
                "gradient bucket size (MiB) of the overlapped allreduce"),
+      choiceField("activation_checkpointing", &T::activationCheckpointing, {"none", "blocks"},
+                  "none | blocks: recompute each model block's activations in backward"),
   };
   return fields;
 }

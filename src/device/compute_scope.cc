@@ -1,0 +1,54 @@
+#include "device/compute_scope.h"
+
+#include <time.h>
+
+#include <chrono>
+#include <exception>
+
+#include "common/timeline.h"
+
+namespace hetra::device {
+namespace {
+
+double cpuSeconds(clockid_t clock) {
+  timespec ts;
+  clock_gettime(clock, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+}  // namespace
+
+ComputeClocks ComputeClocks::ofThisProcess(int threads) {
+  ComputeClocks clocks;
+  clocks.wall = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  if (threads <= 1)
+    clocks.work = [] { return cpuSeconds(CLOCK_THREAD_CPUTIME_ID); };
+  else
+    clocks.work = [threads] { return cpuSeconds(CLOCK_PROCESS_CPUTIME_ID) / double(threads); };
+  return clocks;
+}
+
+ComputeScope::ComputeScope(SlowdownEmulator& emulator, double slowdown, const ComputeClocks& clocks)
+    : emulator_(emulator),
+      slowdown_(slowdown),
+      clocks_(clocks),
+      wallStart_(clocks.wall()),
+      workStart_(clocks.work()),
+      uncaught_(std::uncaught_exceptions()) {}
+
+ComputeScope::~ComputeScope() {
+  if (!ended_ && std::uncaught_exceptions() == uncaught_) end();
+}
+
+double ComputeScope::end() {
+  if (ended_) return 0;
+  ended_ = true;
+  timeline::Span sleep(timeline::Lane::Compute, "emulation", "slowdown sleep");
+  sleep.arg("slowdown", slowdown_);
+  return emulator_.endPhase(slowdown_, clocks_.wall() - wallStart_, clocks_.work() - workStart_);
+}
+
+}  // namespace hetra::device

@@ -1,0 +1,48 @@
+// One compute segment of an emulated device (docs/benchmarks.md, "every compute segment"): the
+// micro-batch's forward+backward, the optimizer step, and whatever later layers compute. The
+// scope measures the segment's wall time and the computing thread's CPU time, and when it ends a
+// device of slowdown s sleeps what SlowdownEmulator says it owes: (s - 1) x the work, less the
+// debt of earlier late wake-ups (a "slowdown sleep" span on the timeline).
+//
+// Work is CPU time per thread: with one thread, LibTorch and BLAS run the whole segment on the
+// calling thread, so its own clock leaves out the communicator's progress thread (gradient
+// allreduces, polling), whose work is communication and must not be multiplied by the slowdown.
+// With more threads the process clock divided by the threads is the best there is.
+#pragma once
+
+#include <functional>
+
+#include "device/slowdown.h"
+
+namespace hetra::device {
+
+// Seconds, from any fixed origin. Injected by tests.
+struct ComputeClocks {
+  std::function<double()> wall;  // elapsed time
+  std::function<double()> work;  // CPU seconds per thread of the segment's threads
+  // The steady clock, and the calling thread's CPU clock (threads == 1) or the process's divided
+  // by `threads`.
+  static ComputeClocks ofThisProcess(int threads);
+};
+
+class ComputeScope {
+ public:
+  ComputeScope(SlowdownEmulator& emulator, double slowdown, const ComputeClocks& clocks);
+  // Ends the segment unless an exception is leaving it (a failed segment is not emulated).
+  ~ComputeScope();
+  ComputeScope(const ComputeScope&) = delete;
+  ComputeScope& operator=(const ComputeScope&) = delete;
+
+  // Ends the segment now and returns the seconds slept; the destructor then does nothing.
+  double end();
+
+ private:
+  SlowdownEmulator& emulator_;
+  double slowdown_;
+  const ComputeClocks& clocks_;
+  double wallStart_, workStart_;
+  int uncaught_;
+  bool ended_ = false;
+};
+
+}  // namespace hetra::device
