@@ -189,4 +189,10 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       [this](LossClosure c) { return torch::optim::AdamW::step(std::move(c)); });
 }
 
+std::unique_ptr<torch::optim::OptimizerParamState>& paramStateSlot(
+    torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
+  auto& state = optimizer.state();
+  return state[stateKey<std::remove_reference_t<decltype(state)>>(p)];
+}
+
 }  // namespace hetra::train

@@ -37,4 +37,9 @@ class FusedAdamW : public torch::optim::AdamW {
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 
+// The state slot of parameter `p` in `optimizer`'s own map (empty before its first step), keyed
+// as this LibTorch version keys it.
+std::unique_ptr<torch::optim::OptimizerParamState>& paramStateSlot(
+    torch::optim::Optimizer& optimizer, const torch::Tensor& p);
+
 }  // namespace hetra::train
