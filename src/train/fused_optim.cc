@@ -107,13 +107,7 @@ void adamStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Map& state
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       auto& slot = state[stateKey<Map>(p)];
-      if (!slot) {
-        auto fresh = std::make_unique<State>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
+      if (!slot) slot = freshAdamState<State>(p);
       auto& s = static_cast<State&>(*slot);
       s.step(s.step() + 1);
       const double correction1 = 1 - std::pow(beta1, double(s.step()));

@@ -37,13 +37,7 @@ int64_t unpack(const torch::Tensor& flat, int64_t at, std::vector<torch::Tensor>
 template <class State>
 State& adamState(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
   auto& slot = paramStateSlot(optimizer, p);
-  if (!slot) {
-    auto fresh = std::make_unique<State>();
-    fresh->step(0);
-    fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-    fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-    slot = std::move(fresh);
-  }
+  if (!slot) slot = freshAdamState<State>(p);
   return static_cast<State&>(*slot);
 }
 
