@@ -20,6 +20,7 @@
 #include "train/config.h"
 #include "train/data_parallel.h"
 #include "train/dataset_geometry.h"
+#include "train/fused_optim.h"
 #include "train/models.h"
 #include "train/optim.h"
 #include "train/periodic_sync.h"
@@ -271,6 +272,49 @@ TEST(PeriodicSync, TimeModeNormalisesUnequalLocalSteps) {
         << "rank " << rank;
 }
 
+// Adam's moments are averaged with the samples' weights, its step count becomes their weighted
+// mean, rounded, the same on every rank; recomputed here from every rank's state before the round's
+// end.
+TEST(PeriodicSync, AdamMomentsAreAveragedWithTheSampleWeights) {
+  torch::set_num_threads(1);
+  const int n = 2;
+  const std::vector<int64_t> steps = {1, 3}, batch = {4, 6};
+  auto store = std::make_shared<store::MemoryStore>();
+  std::vector<torch::Tensor> m(n), v(n), averagedM(n), averagedV(n);
+  std::vector<int64_t> averagedStep(n);
+  test::runRanks(n, [&](int rank) {
+    auto comm = makeGroup(store, rank, n, "tcp");
+    auto point = std::make_shared<Point>(4);
+    OptimSpec spec;
+    spec.name = "adam";
+    auto optimizer = makeOptimizer(point->parameters(), spec);
+    PeriodicSync sync(point, *optimizer, comm, PeriodicSyncOptions{});
+    const auto target = torch::arange(4, torch::kFloat32).mul(0.5) + float(3 * rank);
+    for (int64_t s = 0; s < steps[size_t(rank)]; ++s) {
+      ASSERT_TRUE(sync.takesStep(s));
+      point->x.mutable_grad() = point->x.detach() - target;
+      optimizer->step();
+      sync.tookStep(batch[size_t(rank)]);
+    }
+    auto state = [&]() -> torch::optim::AdamParamState& {
+      return static_cast<torch::optim::AdamParamState&>(*paramStateSlot(*optimizer, point->x));
+    };
+    m[size_t(rank)] = state().exp_avg().clone();
+    v[size_t(rank)] = state().exp_avg_sq().clone();
+    sync.average();
+    averagedM[size_t(rank)] = state().exp_avg().clone();
+    averagedV[size_t(rank)] = state().exp_avg_sq().clone();
+    averagedStep[size_t(rank)] = state().step();
+  });
+  // n_i = tau_i b_i: 4 and 18 samples.
+  const double p0 = 4.0 / 22.0, p1 = 18.0 / 22.0;
+  for (int rank = 0; rank < n; ++rank) {
+    EXPECT_LT((averagedM[size_t(rank)] - (p0 * m[0] + p1 * m[1])).abs().max().item<double>(), 1e-6);
+    EXPECT_LT((averagedV[size_t(rank)] - (p0 * v[0] + p1 * v[1])).abs().max().item<double>(), 1e-6);
+    EXPECT_EQ(averagedStep[size_t(rank)], std::llround(p0 * 1 + p1 * 3)) << "rank " << rank;
+  }
+}
+
 fs::path tempDir(const std::string& name) {
   fs::path dir =
       fs::temp_directory_path() / ("hetra-periodic-" + name + "-" + std::to_string(getpid()));
@@ -363,6 +407,19 @@ TEST(PeriodicSync, BalancerMovesTheSplitAtRoundEnds) {
   for (int64_t step : moved)
     EXPECT_NE(std::find(roundEnds.begin(), roundEnds.end(), step), roundEnds.end()) << step;
   fs::remove_all(dir);
+}
+
+// Time mode through the trainer: with a budget shorter than the slow devices' steps they skip the
+// rest of each round (no rank waits for another's step), and after the last round every rank holds
+// the same, finite model.
+TEST(PeriodicSync, TimeModeRunsThroughTheTrainer) {
+  torch::set_num_threads(1);
+  const auto finals = trainRanks(
+      periodicConfig({"train.steps=14", "train.sync_mode=\"time\"", "train.sync_seconds=0.0005"}));
+  for (const auto& f : finals) {
+    EXPECT_TRUE(torch::equal(f, finals[0]));
+    EXPECT_TRUE(torch::isfinite(f).all().item<bool>());
+  }
 }
 
 TEST(PeriodicSync, ConfigNamesTheKeys) {
