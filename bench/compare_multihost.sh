@@ -9,18 +9,10 @@ cd "$(dirname "$0")/.."
 RATE=${1:-1gbit}
 SIZE=${2:-64M}
 HETRA=$(realpath "${HETRA:-build/tools/hetra/hetra}")
-CLUSTER=scripts/netns-cluster.sh
 OUT=${OUT:-bench/out/multihost}
 mkdir -p "$OUT"
-trap '$CLUSTER down >/dev/null 2>&1 || true' EXIT
-$CLUSTER down >/dev/null 2>&1 || true
-$CLUSTER up 2 "$RATE" >/dev/null
-A=$($CLUSTER addr h0)
-B=$($CLUSTER addr h1)
-port=29600
-
-# /proc/net/dev is per network namespace (sysfs would show the mounting namespace's devices).
-tx_bytes() { $CLUSTER exec h0 awk '$1 == "eth0:" { print $10 }' /proc/net/dev; }
+source bench/netns_hosts.sh
+hosts_up "$RATE"
 
 # run NAME RANKS_PER_HOST ENV... -- BENCH_ARGS...: one job, ranks 0..k-1 on h0, the rest on h1.
 run() {
@@ -29,22 +21,12 @@ run() {
   local envs=()
   while [[ $1 != -- ]]; do envs+=("$1"); shift; done
   shift
-  port=$((port + 1))
-  local n=$((2 * per)) pids=() before after
+  local before after
   before=$(tx_bytes)
-  for ((r = 0; r < n; r++)); do
-    local host=h0 addr=$A
-    ((r >= per)) && host=h1 addr=$B
-    $CLUSTER exec $host env HETRA_RANK=$r HETRA_WORLD_SIZE=$n HETRA_LOCAL_RANK=$((r % per)) \
-      HETRA_STORE=$A:$port HETRA_IFACE_ADDR=$addr "${envs[@]}" \
-      "$HETRA" bench allreduce -b "$SIZE" -e "$SIZE" -w 1 -n 5 --json "$OUT/$name.json" "$@" \
-      >"$OUT/$name.r$r.log" 2>&1 &
-    pids+=($!)
-  done
-  local status=0
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  run_ranks "$OUT/$name" $((2 * per)) "$per" "${envs[@]}" -- \
+    "$HETRA" bench allreduce -b "$SIZE" -e "$SIZE" -w 1 -n 5 --json "$OUT/$name.json" "$@" ||
+    return 1
   after=$(tx_bytes)
-  [[ $status -eq 0 ]] || { echo "$name failed:"; tail -5 "$OUT/$name".r*.log; return 1; }
   python3 - "$name" "$OUT/$name.json" "$before" "$after" "$RATE" <<'PY'
 import json, re, sys
 name, path, before, after, rate = sys.argv[1:]

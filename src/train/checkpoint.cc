@@ -25,6 +25,7 @@
 #include "common/errors.h"
 #include "common/logging.h"
 #include "train/data_parallel.h"
+#include "train/periodic_sync.h"
 
 namespace hetra::train {
 namespace {
@@ -355,6 +356,29 @@ void refuseForeignCheckpoints(const std::string& root) {
       "): continue it with --resume ", root, ", or give this run another train.checkpoint_dir"));
 }
 
+namespace {
+
+// Every rank's `mine` as the rows of one tensor (a collective; exact: the allgather asks for no
+// compression).
+torch::Tensor gatherRows(comm::Communicator& comm, const torch::Tensor& mine) {
+  torch::Tensor rows = torch::empty({comm.size(), mine.numel()}, torch::kFloat32);
+  comm.allgather(mine.data_ptr(), rows.data_ptr(),
+                 std::vector<size_t>(size_t(comm.size()), size_t(mine.numel())), DType::F32)
+      ->wait();
+  return rows;
+}
+
+// This rank's row of a file that gatherRows' tensor was saved to.
+torch::Tensor loadOwnRow(const fs::path& file, const comm::Communicator& comm) {
+  torch::Tensor all;
+  torch::load(all, file.string());
+  HETRA_ENFORCE(all.dim() == 2 && all.size(0) == comm.size(), "checkpoint ", file.string(),
+                " holds residuals of ", all.size(0), " ranks, not ", comm.size());
+  return all[comm.rank()].contiguous();
+}
+
+}  // namespace
+
 RunCheckpoints::RunCheckpoints(const RunConfig& config, comm::Communicator& comm,
                                TrainingParts parts)
     : config_(config), comm_(comm), parts_(parts) {}
@@ -392,18 +416,16 @@ RunCheckpoints::Resumed RunCheckpoints::start(const std::string& resumePath) {
   if (sameDevices) {
     parts_.balancer = std::move(saved);
     const fs::path residualsFile = dir / "residuals.pt";
-    if (feedsBackErrors() && fs::exists(residualsFile)) {
-      torch::Tensor all;
-      torch::load(all, residualsFile.string());
-      HETRA_ENFORCE(all.dim() == 2 && all.size(0) == comm_.size(), "checkpoint ",
-                    residualsFile.string(), " holds residuals of ", all.size(0), " ranks, not ",
-                    comm_.size());
-      parts_.parallel.loadResiduals(all[comm_.rank()].contiguous());
-    }
+    if (feedsBackErrors() && fs::exists(residualsFile))
+      parts_.parallel.loadResiduals(loadOwnRow(residualsFile, comm_));
+    const fs::path syncResidualsFile = dir / "sync_residuals.pt";
+    if (parts_.periodic && fs::exists(syncResidualsFile))
+      parts_.periodic->loadResiduals(loadOwnRow(syncResidualsFile, comm_));
     return resumed;
   }
   // Whatever a departed rank owed in error feedback is dropped.
   parts_.parallel.loadResiduals(torch::Tensor());
+  if (parts_.periodic) parts_.periodic->loadResiduals(torch::Tensor());
   auto list = [](const std::vector<std::string>& names) {
     std::string text;
     for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
@@ -422,15 +444,10 @@ void RunCheckpoints::save(int64_t step) {
   comm_.barrier()->wait();  // every rank has finished the step
   // Every rank's residuals go into the checkpoint (rank 0 writes it), exact: the allgather asks
   // for no compression.
-  torch::Tensor residuals;
-  if (feedsBackErrors()) {
-    const torch::Tensor mine = parts_.parallel.saveResiduals();
-    residuals = torch::empty({comm_.size(), mine.numel()}, torch::kFloat32);
-    comm_
-        .allgather(mine.data_ptr(), residuals.data_ptr(),
-                   std::vector<size_t>(size_t(comm_.size()), size_t(mine.numel())), DType::F32)
-        ->wait();
-  }
+  torch::Tensor residuals, syncResiduals;
+  if (feedsBackErrors()) residuals = gatherRows(comm_, parts_.parallel.saveResiduals());
+  if (parts_.periodic && parts_.periodic->feedsBackErrors())
+    syncResiduals = gatherRows(comm_, parts_.periodic->residuals());
   if (comm_.rank() == 0) {
     const fs::path root(config_.train.checkpointDir);
     fs::create_directories(root);
@@ -446,6 +463,7 @@ void RunCheckpoints::save(int64_t step) {
                         {"config", toToml(config_)}};
     writeFileAtomically((tmp / "state.json").string(), state.dump(1));
     if (residuals.defined()) torch::save(residuals, (tmp / "residuals.pt").string());
+    if (syncResiduals.defined()) torch::save(syncResiduals, (tmp / "sync_residuals.pt").string());
     commitCheckpoint(tmp.string(), (root / name).string());
     writeFileAtomically((root / "latest").string(), name + "\n");
     HETRA_INFO("train", "checkpoint ", (root / name).string());

@@ -12,8 +12,9 @@
 //   root           a run's checkpoint directory (train.checkpoint_dir).
 //   step directory ROOT/step-<N>/, the checkpoint after N steps: model.pt, state.json (step,
 //                  balancer state, device names, effective config), residuals.pt (one row of
-//                  error-feedback residuals per rank, when the run compresses with error feedback)
-//                  and the MANIFEST.
+//                  error-feedback residuals per rank, when the run compresses with error feedback),
+//                  sync_residuals.pt (the same for periodic averaging's model deltas) and the
+//                  MANIFEST.
 //   MANIFEST       "hetra-checkpoint 1", then "file NAME SIZE CRC32C" (hex) per file. Written last.
 //   commit         the files are written into ROOT/step-<N>.tmp, each fsynced, the MANIFEST last,
 //                  then the directory is renamed to step-<N> and ROOT fsynced. ROOT/latest then
@@ -55,6 +56,7 @@ class Balancer;
 namespace hetra::train {
 
 class DataParallel;  // train/data_parallel.h
+class PeriodicSync;  // train/periodic_sync.h
 
 // --- Files -------------------------------------------------------------------------------------
 
@@ -116,6 +118,9 @@ struct TrainingParts {
   torch::optim::Optimizer& optimizer;
   balance::Balancer& balancer;
   DataParallel& parallel;  // its error-feedback residuals
+  // Periodic averaging's error feedback on the model delta (sync_residuals.pt, rows as
+  // residuals.pt's); saves happen at a round's end, where the rest is one model on every rank.
+  PeriodicSync* periodic = nullptr;
 };
 
 // The checkpoints of the run `config` describes, seen from one rank of `comm`.

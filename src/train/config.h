@@ -70,6 +70,11 @@ struct TrainConfig {
   double bucketMib = 25.0;      // gradient bucket size for the overlapped allreduce
   // none | blocks: recompute each block's activations in backward (docs/memory.md)
   std::string activationCheckpointing = "none";
+  // Periodic model averaging (train/periodic_sync.h): H local steps per round; 1 = synchronous.
+  int64_t syncEvery = 1;
+  std::string syncMode = "steps";  // steps | time (a round ends after syncSeconds on each device)
+  double syncSeconds = 0.0;        // time mode: a round's time budget per device
+  int64_t syncWarmupSteps = 0;     // synchronous steps before the first round
   bool operator==(const TrainConfig&) const = default;
 };
 

@@ -12,6 +12,14 @@
 
 namespace hetra::train {
 
+comm::OpPolicy withErrorFeedback(const comm::Communicator& comm, comm::OpPolicy policy,
+                                 size_t count, torch::Tensor& residual) {
+  if (!comm.feedbackCodec(DType::F32, comm::ReduceOp::Sum, count, policy)) return policy;
+  if (!residual.defined()) residual = torch::zeros({int64_t(count)}, torch::kFloat32);
+  policy.residual = residual.data_ptr<float>();
+  return policy;
+}
+
 DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
                            std::shared_ptr<comm::Communicator> comm, DataParallelOptions options)
     : model_(std::move(model)), comm_(std::move(comm)), errorFeedback_(options.errorFeedback) {
@@ -180,12 +188,9 @@ void DataParallel::launchReady() {
     Bucket& b = buckets_[nextLaunch_++];
     torch::Tensor data = b.direct ? params_[b.params.front()].mutable_grad() : b.flat;
     const size_t count = size_t(data.numel());
-    comm::OpPolicy policy = gradientPolicy_;
-    if (errorFeedback_ &&
-        comm_->feedbackCodec(DType::F32, comm::ReduceOp::Sum, count, gradientPolicy_)) {
-      if (!b.residual.defined()) b.residual = torch::zeros({int64_t(count)}, torch::kFloat32);
-      policy.residual = b.residual.data_ptr<float>();
-    }
+    const comm::OpPolicy policy =
+        errorFeedback_ ? withErrorFeedback(*comm_, gradientPolicy_, count, b.residual)
+                       : gradientPolicy_;
     b.work = comm_->allreduce(data.data_ptr(), data.data_ptr(), count, DType::F32,
                               comm::ReduceOp::Sum, policy);
   }

@@ -43,6 +43,12 @@ struct DataParallelOptions {
   bool errorFeedback = false;
 };
 
+// The policy of a float32 sum allreduce of `count` elements under `policy`, with error feedback
+// in `residual` (created at zero, count floats, this rank's own) where the operation's provider
+// keeps it (Communicator::feedbackCodec); `policy` as it is otherwise.
+comm::OpPolicy withErrorFeedback(const comm::Communicator& comm, comm::OpPolicy policy,
+                                 size_t count, torch::Tensor& residual);
+
 class DataParallel {
  public:
   DataParallel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<comm::Communicator> comm,

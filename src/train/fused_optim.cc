@@ -107,13 +107,7 @@ void adamStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Map& state
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       auto& slot = state[stateKey<Map>(p)];
-      if (!slot) {
-        auto fresh = std::make_unique<State>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
+      if (!slot) slot = freshAdamState<State>(p);
       auto& s = static_cast<State&>(*slot);
       s.step(s.step() + 1);
       const double correction1 = 1 - std::pow(beta1, double(s.step()));
@@ -187,6 +181,12 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return adamStepOrFallback<torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>(
       param_groups_, state_, std::move(closure),
       [this](LossClosure c) { return torch::optim::AdamW::step(std::move(c)); });
+}
+
+std::unique_ptr<torch::optim::OptimizerParamState>& paramStateSlot(
+    torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
+  auto& state = optimizer.state();
+  return state[stateKey<std::remove_reference_t<decltype(state)>>(p)];
 }
 
 }  // namespace hetra::train

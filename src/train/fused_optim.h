@@ -37,4 +37,20 @@ class FusedAdamW : public torch::optim::AdamW {
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 
+// Adam's or AdamW's state (State: their own class) of `p` before its first step: step 0, zero
+// moments.
+template <class State>
+std::unique_ptr<State> freshAdamState(const torch::Tensor& p) {
+  auto fresh = std::make_unique<State>();
+  fresh->step(0);
+  fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  return fresh;
+}
+
+// The state slot of parameter `p` in `optimizer`'s own map (empty before its first step), keyed
+// as this LibTorch version keys it.
+std::unique_ptr<torch::optim::OptimizerParamState>& paramStateSlot(
+    torch::optim::Optimizer& optimizer, const torch::Tensor& p);
+
 }  // namespace hetra::train

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "balance/balancer.h"
 #include "common/errors.h"
@@ -18,6 +19,7 @@
 #include "train/evaluate.h"
 #include "train/models.h"
 #include "train/optim.h"
+#include "train/periodic_sync.h"
 #include "train/report.h"
 #include "train/sampler.h"
 #include "train/specs.h"
@@ -109,11 +111,15 @@ class Run {
                                                uint64_t(config.train.seed));
     totalSteps_ =
         config.train.steps > 0 ? config.train.steps : sampler_->stepsFor(config.train.epochs);
+    if (config.train.syncEvery > 1)
+      periodic_ = std::make_unique<PeriodicSync>(
+          model_, *optimizer_, comm_, periodicSyncOptionsOf(config, totalSteps_, parallelOptions));
     schedule_ = std::make_unique<LrSchedule>(scheduleSpecOf(config.train, totalSteps_));
     balancer_ = std::make_unique<balance::Balancer>(balancerOptionsOf(config),
                                                     rankCapsOf(config, footprint_));
-    checkpoints_.emplace(config, *comm_,
-                         TrainingParts{*model_, *optimizer_, *balancer_, *parallel_});
+    TrainingParts parts{*model_, *optimizer_, *balancer_, *parallel_};
+    parts.periodic = periodic_.get();
+    checkpoints_.emplace(config, *comm_, parts);
     const auto resumed = [&] {
       device::MemoryScope state(device::MemoryCategory::kOptimizerState);  // loaded on resume
       return checkpoints_->start(options.resumeDir);
@@ -226,45 +232,81 @@ class Run {
     // 1. This rank's slice of the step's global batch, as the balancer's plan splits it.
     const balance::Plan plan = balancer_->plan();
     const auto& mine = plan.ranks[size_t(rank_)];
-    const auto indices = sampler_->indices(step, batchesOf(plan), rank_);
-    // 2. k micro-batches of at most m samples, summed gradients; 3. the last backward all-reduces
-    // the gradient buckets as they become ready.
-    std::vector<double> report;
-    try {
-      report = runMicroBatches(indices, mine, slowdownAt(device_, step));
-    } catch (const DeviceOutOfMemoryError& e) {
-      throw DeviceOutOfMemoryError(
-          whatFits(e, memory_.usageAtLastRefusal(), mine.microBatch,
-                   optimizerStateCopies(config_.train.optimizer, config_.train.momentum),
-                   config_.train.activationCheckpointing == "blocks", str("devices[", rank_, "]")),
-          e.device(), e.capBytes(), e.category(), e.askedBytes(), e.peakBytes());
+    // A local step of periodic averaging (train/periodic_sync.h) takes the same share but
+    // all-reduces nothing; its timings reach the balancer with the round's.
+    const bool local = periodic_ && periodic_->localAt(step);
+    std::vector<double> report(kStatFields, 0.0);
+    if (!local || periodic_->takesStep(step)) {
+      const auto indices = sampler_->indices(step, batchesOf(plan), rank_);
+      // 2. k micro-batches of at most m samples, summed gradients; 3. the last backward
+      // all-reduces the gradient buckets as they become ready.
+      try {
+        report = runMicroBatches(indices, mine, slowdownAt(device_, step), local);
+      } catch (const DeviceOutOfMemoryError& e) {
+        throw DeviceOutOfMemoryError(
+            whatFits(e, memory_.usageAtLastRefusal(), mine.microBatch,
+                     optimizerStateCopies(config_.train.optimizer, config_.train.momentum),
+                     config_.train.activationCheckpointing == "blocks",
+                     str("devices[", rank_, "]")),
+            e.device(), e.capBytes(), e.category(), e.askedBytes(), e.peakBytes());
+      }
+      {
+        device::MemoryScope buckets(device::MemoryCategory::kCommunication);
+        if (!local) {
+          timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients");
+          report[kCommSeconds] = parallel_->finish(1);
+        }
+        memory_.adoptGradients();
+      }
+      // 4. The optimizer step, then the timings go to the balancer.
+      timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
+      {
+        device::MemoryScope state(device::MemoryCategory::kOptimizerState);
+        device::ComputeScope segment(emulator_, slowdownAt(device_, step), computeClocks_);
+        if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
+        applyLr(*optimizer_, schedule_->lrAt(step));
+        optimizer_->step();
+      }
+      parallel_->clearGradients();
+      optimizerSpan.end();
+      if (local) periodic_->tookStep(mine.batch);
     }
-    {
-      timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients");
-      device::MemoryScope buckets(device::MemoryCategory::kCommunication);
-      report[kCommSeconds] = parallel_->finish(1);
-      memory_.adoptGradients();
+    if (local) {
+      addToRound(report, stepStart);
+      if (!periodic_->endsRound(step)) return secondsSince(stepStart);
+      report = std::move(round_.report);
+      report[kCommSeconds] += periodic_->average();
     }
-    // 4. The optimizer step, then the timings go to the balancer.
-    timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
-    {
-      device::MemoryScope state(device::MemoryCategory::kOptimizerState);
-      device::ComputeScope segment(emulator_, slowdownAt(device_, step), computeClocks_);
-      if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
-      applyLr(*optimizer_, schedule_->lrAt(step));
-      optimizer_->step();
-    }
-    parallel_->clearGradients();
-    optimizerSpan.end();
+    const double seconds = secondsSince(stepStart);
     shareTimings(step, plan, std::move(report));
-    pending_->seconds = secondsSince(stepStart);
-    return pending_->seconds;
+    pending_->seconds = local ? secondsSince(std::exchange(round_, {}).start) : seconds;
+    return seconds;
+  }
+
+  // Sums a local step's report into its round's: the fields, and its observations while there is
+  // room for them.
+  void addToRound(const std::vector<double>& step, Clock::time_point stepStart) {
+    auto& total = round_.report;
+    if (total.empty()) {
+      total.assign(kStatFields, 0.0);
+      round_.start = stepStart;
+    }
+    for (int f : {kLossSum, kSamples, kComputeSeconds, kCommSeconds}) total[f] += step[f];
+    for (int o = 0; o < int(step[kObservations]) && total[kObservations] < kMaxObservations; ++o) {
+      const size_t at = kFixedFields + 2 * size_t(total[kObservations]);
+      total[at] = step[kFixedFields + 2 * o];
+      total[at + 1] = step[kFixedFields + 2 * o + 1];
+      ++total[kObservations];
+    }
   }
 
   // Forward and backward of `indices` in micro-batches; returns the step's report with every
   // field but the communication's filled in.
+  // A local step's loss is divided by this rank's share instead: its gradient is its own mean.
   std::vector<double> runMicroBatches(const std::vector<int64_t>& indices,
-                                      const balance::RankAssignment& mine, double slowdown) {
+                                      const balance::RankAssignment& mine, double slowdown,
+                                      bool local) {
+    const double lossScale = 1.0 / double(local ? mine.batch : config_.train.globalBatch);
     const auto sizes = microBatchSizes(mine.batch, mine.accumSteps);
     std::vector<double> report(kStatFields, 0.0);
     report[kSamples] = double(mine.batch);
@@ -295,8 +337,8 @@ class Run {
       forward.end();
       timeline::Span backward(timeline::Lane::Compute, "compute", "backward");
       backward.arg("micro_batch", int64_t(j));
-      if (j + 1 == sizes.size()) parallel_->armLastBackward();
-      (loss * (1.0 / double(config_.train.globalBatch))).backward();
+      if (j + 1 == sizes.size() && !local) parallel_->armLastBackward();
+      (loss * lossScale).backward();
       report[kLossSum] += loss.item<double>();
       backward.end();
       segment.end();  // the emulation's sleep, on the timeline as "slowdown sleep"
@@ -346,10 +388,11 @@ class Run {
     record.seconds = gather.seconds;
     record.lr = schedule_->lrAt(gather.step);
     record.planVersion = gather.plan.version;
-    double lossSum = 0;
+    double lossSum = 0, samples = 0;  // a round's: every local step's samples
     for (int r = 0; r < comm_->size(); ++r) {
       const double* row = gather.all.data() + size_t(r) * kStatFields;
       lossSum += row[kLossSum];
+      samples += row[kSamples];
       for (int o = 0; o < int(row[kObservations]); ++o)
         balancer_->observe(r, int64_t(row[kFixedFields + 2 * o]), row[kFixedFields + 2 * o + 1]);
       const auto& share = gather.plan.ranks[size_t(r)];
@@ -361,7 +404,7 @@ class Run {
         record.ranks.back().memory[c] = int64_t(row[kMemoryFirst + c]);
     }
     const bool changed = balancer_->endStep(gather.step);
-    record.loss = lastLoss_ = lossSum / double(config_.train.globalBatch);
+    record.loss = lastLoss_ = lossSum / std::max(1.0, samples);
     record.idealSamplesPerSecond = balancer_->idealSamplesPerSecond();
     record.regret = balancer_->regret();
     report_->step(record);
@@ -411,6 +454,11 @@ class Run {
   std::shared_ptr<Model> model_;
   MemoryFootprint footprint_;
   std::unique_ptr<DataParallel> parallel_;
+  std::unique_ptr<PeriodicSync> periodic_;  // train.sync_every > 1
+  struct RoundReport {
+    std::vector<double> report;  // summed over the round's local steps (addToRound)
+    Clock::time_point start;     // of its first local step
+  } round_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   device::SlowdownEmulator emulator_;
   std::unique_ptr<GlobalSampler> sampler_;

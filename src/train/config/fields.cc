@@ -142,6 +142,14 @@ const Fields<TrainConfig>& trainFields() {
                "gradient bucket size (MiB) of the overlapped allreduce"),
       choiceField("activation_checkpointing", &T::activationCheckpointing, {"none", "blocks"},
                   "none | blocks: recompute each model block's activations in backward"),
+      intField("sync_every", &T::syncEvery, within(1, 1 << 20),
+               "average the models every H local steps; 1 = synchronous gradients"),
+      choiceField("sync_mode", &T::syncMode, {"steps", "time"},
+                  "steps (H local steps) | time (at most H, until sync_seconds)"),
+      numField("sync_seconds", &T::syncSeconds, atLeast(0),
+               "sync_mode = \"time\": a round's time budget on each device"),
+      intField("sync_warmup_steps", &T::syncWarmupSteps, atLeast(0),
+               "synchronous steps before the first round of local steps"),
   };
   return fields;
 }

@@ -190,6 +190,19 @@ void checkHosts(const Check& check) {
   }
 }
 
+// Periodic averaging: time mode needs its budget, and rounds of one step are synchronous training.
+void checkPeriodicSync(const Check& check) {
+  const TrainConfig& t = check.c.train;
+  if (t.syncMode != "time") return;
+  if (!(t.syncSeconds > 0))
+    check.fail("train.sync_seconds", formatDouble(t.syncSeconds),
+               "train.sync_mode = \"time\" needs a round's time budget > 0 seconds");
+  if (t.syncEvery < 2)
+    check.fail("train.sync_every", std::to_string(t.syncEvery),
+               "train.sync_mode = \"time\" needs train.sync_every >= 2 (the most local steps of "
+               "a round)");
+}
+
 void checkCheckpoints(const Check& check) {
   if (check.c.train.checkpointEvery > 0 && check.c.train.checkpointDir.empty())
     check.fail("train.checkpoint_dir", "\"\"", "needed when train.checkpoint_every > 0");
@@ -228,6 +241,7 @@ std::vector<std::string> checkBetweenKeys(const RunConfig& config, const Capabil
   checkIslands(check);
   checkHosts(check);
   checkCheckpoints(check);
+  checkPeriodicSync(check);
   checkElastic(check);
   return warnings;
 }
