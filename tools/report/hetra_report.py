@@ -78,19 +78,14 @@ class Run:
 
 
 def memory_of(rank):
-    """A rank's memory by category in bytes ({} when the metrics carry none): `ranks[].memory`
-    as {category: bytes} or {category: {"peak_bytes"|"peak": bytes}}, else `ranks[].peak_bytes`."""
+    """A rank's peak memory by category in bytes, {} when the metrics carry none
+    (docs/metrics.md: `ranks[].memory` is null and `peak_bytes` -1 where the ranks are threads of
+    one process)."""
     memory = rank.get("memory")
-    out = {}
-    if isinstance(memory, dict):
-        for category, value in memory.items():
-            if isinstance(value, dict):
-                value = value.get("peak_bytes", value.get("peak"))
-            if isinstance(value, (int, float)):
-                out[category] = value
-    if not out and isinstance(rank.get("peak_bytes"), (int, float)):
-        out["peak"] = rank["peak_bytes"]
-    return out
+    if not isinstance(memory, dict):
+        return {}
+    return {category: value for category, value in memory.items()
+            if isinstance(value, (int, float)) and value >= 0}
 
 
 def figure_throughput(run, ax):
