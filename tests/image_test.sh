@@ -3,7 +3,8 @@
 # image` builds it, and the demo run inside it with `buildah run --isolation chroot`: hetra probe,
 # then examples/fashion_mnist_hetero.toml (shortened to 60 steps), the dataset mounted read-only.
 # Also checks what the image holds: the entry point hetra, no compiler. Skipped (exit 77, with the
-# reason) where buildah or, for a first run, debootstrap cannot run; never passes without building.
+# reason) where buildah cannot create and commit a container, or, for a first run, debootstrap cannot
+# run; never passes without building.
 # The first run makes the Debian base with debootstrap (here 5.5 minutes, then a minute to import
 # it; cached under /var/tmp/hetra-base and in buildah's store); later runs took 16 s, demo included.
 #   tests/image_test.sh SOURCE_DIR HETRA_BINARY
@@ -12,7 +13,14 @@ skip() { echo "SKIP: $*" && exit 77; }
 src=$(realpath "$1") hetra=$(realpath "$2")
 command -v buildah >/dev/null || skip "buildah is not installed (scripts/install-deps.sh installs it)"
 probe=$(buildah from scratch 2>&1) || skip "buildah cannot create a container here: $probe"
+# Committing applies a layer, which buildah does by remounting / in a mount namespace: that fails
+# where / is not a mount point (a chroot), whatever the image.
+if ! committed=$(buildah commit --quiet "$probe" localhost/hetra-probe:commit 2>&1); then
+  buildah rm "$probe" >/dev/null
+  skip "buildah cannot commit an image here: ${committed##*: }"
+fi
 buildah rm "$probe" >/dev/null
+buildah rmi localhost/hetra-probe:commit >/dev/null 2>&1 || true
 base=localhost/hetra-debian12-base
 if ! buildah inspect --type image "$base" >/dev/null 2>&1 && ! ls /var/tmp/hetra-base/debian12-*.tar >/dev/null 2>&1; then
   command -v debootstrap >/dev/null || skip "debootstrap is not installed (scripts/install-deps.sh installs it)"
