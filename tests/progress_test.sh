@@ -12,10 +12,13 @@ work=$(mktemp -d)
 trap 'tmux -L "$socket" kill-server 2>/dev/null; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; echo "--- pane:"; cat "$work/pane" 2>/dev/null; exit 1; }
 
-steps=2000
+# Long enough to be seen mid-run on a fast machine: the equal split keeps the slow devices in every
+# step (the balancer alone gives this tiny model's whole batch to the fastest device, and then 2000
+# steps end within two seconds).
+steps=8000
 bar="^\[[#.]+\] [0-9]+/$steps epoch [0-9.]+ loss [0-9.]+ [0-9]+ samples/s eta ([0-9]+:)?[0-9]+:[0-9]{2} split [0-9]+/[0-9]+/[0-9]+"
 tmux -L "$socket" new-session -d -x 160 -y 40 \
-  "$hetra run $config --set train.steps=$steps --set train.eval_every=0; echo EXIT=\$?; sleep 600"
+  "$hetra run $config --set train.steps=$steps --set train.eval_every=0 --set 'balance.mode=\"equal\"'; echo EXIT=\$?; sleep 600"
 pane() { tmux -L "$socket" capture-pane -p > "$work/pane"; }
 
 # During the run: one bar, short of the end.
