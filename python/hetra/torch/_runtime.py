@@ -8,6 +8,7 @@ with torch for a port.
 """
 import datetime
 import os
+import socket
 
 from hetra import _core
 
@@ -32,12 +33,25 @@ def _under_torchrun():
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true")
 
 
+def _connectable(host):
+    """`host`, or loopback when it has no resolver entry and every rank runs on this host (a bare
+    chroot or container often has no /etc/hosts line for its own name, which torchrun's
+    MASTER_ADDR is)."""
+    try:
+        socket.getaddrinfo(host, None)
+        return host
+    except socket.gaierror:
+        if os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE"):
+            return "127.0.0.1"
+        raise
+
+
 def publish_store(torch_store, context, timeout):
     """Rank 0 serves hetra's store on a free port and publishes host:port in `torch_store`; the
     other ranks read it. Returns (context for connect_job_store, the server or None)."""
     server = None
     if context.rank == 0:
-        host = _core.listen_address_for(context)
+        host = _connectable(_core.listen_address_for(context))
         server = _core.StoreServer(host, 0)
         torch_store.set(_STORE_KEY, f"{host}:{server.port}")
     else:
@@ -71,6 +85,9 @@ def init(timeout=60.0, transport="auto"):
         torch_store = _torch_store(timeout)
         context, server = publish_store(torch_store, context, timeout)
         keep += [torch_store, server]
+    if context.world_size > 1 and context.store_address:
+        host, port = context.store_address.rsplit(":", 1)
+        context.store_address = f"{_connectable(host)}:{port}"
     job = _core.connect_job_store(context, timeout)
     listen = _core.listen_address_for(context) if context.world_size > 1 else ""
     comm = _core.Communicator(job.store, context.rank, context.world_size, transport=transport,
