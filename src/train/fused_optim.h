@@ -4,10 +4,10 @@
 // the momentum buffer, add the gradient, add again into a new tensor, add into the parameter),
 // each a separate pass over memory, some allocating. In the demo's training loop (a 670K-parameter
 // MLP, one core per rank) that step takes 0.42-0.46 ms, the one-pass loop 0.20-0.26 ms, all of it
-// on the critical path of every rank (docs/benchmarks.md). These classes keep LibTorch's options, state layout and checkpoint format
-// (they are the same classes to the rest of LibTorch: a checkpoint written by one loads into the
-// other) and compute the same update, element by element in one loop; the results agree with
-// LibTorch's to float rounding (tests/test_optim.cc).
+// on the critical path of every rank (docs/benchmarks.md). These classes keep LibTorch's options,
+// state layout and checkpoint format (they are the same classes to the rest of LibTorch: a
+// checkpoint written by one loads into the other) and compute the same update, element by element
+// in one loop; the results agree with LibTorch's to float rounding (tests/test_optim.cc).
 //
 // Parameters that are not contiguous float32 CPU tensors with a gradient of the same kind are
 // updated by the LibTorch operations of the base class instead, so any model still trains.
