@@ -118,24 +118,33 @@ TEST(LaunchArguments, SlowdownsOnePerRank) {
 }
 
 TEST(LaunchArguments, MpirunCommandLine) {
+  // Each rank's torchrun variables, from Open MPI's, in front of the program.
+  constexpr const char* kTorchrun =
+      "export RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE "
+      "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK LOCAL_WORLD_SIZE=$OMPI_COMM_WORLD_LOCAL_SIZE; "
+      "exec \"$@\"";
   auto o = parseLaunchArguments({"-H", "a:2,b:1", "--mpi-arg", "--tag-output", "bench", "x y"});
   const std::map<std::string, std::string> env = {{"HETRA_STORE", "10.0.0.1:77"},
                                                   {"HETRA_JOB_ID", "j"}};
   const std::vector<std::string> expected = {
-      "mpirun",           "-np",          "3",     "-H",           "a:2,b:1", "--map-by",    "slot",
-      "--bind-to",        "none",         "-x",    "HETRA_JOB_ID", "-x",      "HETRA_STORE", "-x",
-      "HETRA_JOB_SECRET", "--tag-output", "bench", "x y"};
+      "mpirun",       "-np",  "3",           "-H",      "a:2,b:1",
+      "--map-by",     "slot", "--bind-to",   "none",    "-x",
+      "HETRA_JOB_ID", "-x",   "HETRA_STORE", "-x",      "HETRA_JOB_SECRET",
+      "--tag-output", "sh",   "-c",          kTorchrun, "hetra-rank",
+      "bench",        "x y"};
   EXPECT_EQ(mpirunCommand(o, env), expected);
-  EXPECT_EQ(shellCommand(env, mpirunCommand(o, env)),
-            "HETRA_JOB_ID=j HETRA_STORE=10.0.0.1:77 mpirun -np 3 -H a:2,b:1 --map-by slot "
-            "--bind-to none -x HETRA_JOB_ID -x HETRA_STORE -x HETRA_JOB_SECRET --tag-output bench "
-            "'x y'");
+  EXPECT_EQ(
+      shellCommand(env, mpirunCommand(o, env)),
+      "HETRA_JOB_ID=j HETRA_STORE=10.0.0.1:77 mpirun -np 3 -H a:2,b:1 --map-by slot "
+      "--bind-to none -x HETRA_JOB_ID -x HETRA_STORE -x HETRA_JOB_SECRET --tag-output sh -c '" +
+          std::string(kTorchrun) + "' hetra-rank bench 'x y'");
   o = parseLaunchArguments({"-np", "4", "-H", "a:3", "--oversubscribe", "--map-by", "node",
                             "--mpirun", "/opt/ompi/bin/mpirun", "--bind-to", "core", "p"});
   const auto argv = mpirunCommand(o, {});
   EXPECT_EQ(argv, (std::vector<std::string>{"/opt/ompi/bin/mpirun", "-np", "4", "-H", "a:3",
                                             "--map-by", "node", "--bind-to", "core",
-                                            "--oversubscribe", "-x", "HETRA_JOB_SECRET", "p"}));
+                                            "--oversubscribe", "-x", "HETRA_JOB_SECRET", "sh", "-c",
+                                            kTorchrun, "hetra-rank", "p"}));
   EXPECT_EQ(shellCommand({{"A", "it's"}}, {"echo", ""}), "A='it'\\''s' echo ''");
 }
 
@@ -439,6 +448,22 @@ TEST(LaunchCommand, MpirunOnThisHost) {
   const auto ranks = readText(s.output);
   for (int r = 0; r < 3; ++r)
     EXPECT_EQ(count(ranks, str("ompi=", r, "/3 local=", r, " store=1")), 1u) << ranks;
+
+  // ... and torchrun's variables for the same rank, torch's store on the first host at the
+  // launcher's MASTER_PORT (torchrun's 29500 without one).
+  argv = mpirunOnThisHost(3);
+  argv.insert(argv.end(), {"sh", "-c",
+                           "echo torch=$RANK/$WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE "
+                           "master=$MASTER_ADDR:$MASTER_PORT"});
+  s = start(argv, dir / "torchrun.txt");
+  EXPECT_EQ(waitFor(s.pid, std::chrono::seconds(60)), 0) << readText(s.output);
+  const auto torchrun = readText(s.output);
+  const char* launcherTorchPort = std::getenv("MASTER_PORT");
+  const std::string torchPort = launcherTorchPort ? launcherTorchPort : "29500";
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(count(torchrun, str("torch=", r, "/3 local=", r, "/3 master=localhost:", torchPort)),
+              1u)
+        << torchrun;
 
   // hetra itself under mpirun: the ranks come from OMPI_COMM_WORLD_*, the store from -x.
   argv = mpirunOnThisHost(3);

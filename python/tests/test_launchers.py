@@ -65,6 +65,25 @@ def test_hetra_launch_starts_the_same_script():
                    "hetra")
 
 
+def test_hetra_launch_on_hosts_starts_the_same_script():
+    # -H runs mpirun: the ranks get torchrun's variables from Open MPI's, so the script's
+    # torch.distributed rendezvous (env://) and hetra.torch both find their places.
+    if not shutil.which("mpirun"):
+        pytest.skip("no mpirun (Debian openmpi-bin)")
+    try:  # MASTER_ADDR is the first host, which torch's own rendezvous must resolve
+        socket.getaddrinfo("localhost", None)
+    except socket.gaierror:
+        pytest.skip("'localhost' does not resolve here (no /etc/hosts): torch cannot rendezvous")
+    argv = [hetra_binary(), "launch", "-np", "3", "-H", "localhost:3", "--mpi-arg=-x",
+            "--mpi-arg=PYTHONPATH"]
+    if os.geteuid() == 0:
+        argv.append("--mpi-arg=--allow-run-as-root")
+    out = subprocess.run(argv + ["--", sys.executable, SCRIPT], capture_output=True, text=True,
+                         env=base_env(MASTER_PORT=free_port()), timeout=JOB_TIMEOUT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    ranks_reported(out.stdout, "torchrun")
+
+
 def test_mpirun_starts_a_hetra_torch_script():
     # Open MPI's variables describe the rank; hetra's store is at MASTER_PORT + 1 (MASTER_PORT
     # itself is torch's), served by rank 0.

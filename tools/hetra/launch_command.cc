@@ -26,6 +26,16 @@ using launch::SuperviseOptions;
 constexpr const char* kSecretVariable = "HETRA_JOB_SECRET";
 // Read by hetra.torch (python/hetra/torch/optimizer.py): each rank's emulated slowdown.
 constexpr const char* kSlowdownsVariable = "HETRA_SLOWDOWNS";
+// torchrun's default port for torch's own store, when the launcher's environment names none.
+constexpr const char* kDefaultTorchPort = "29500";
+
+// mpirun gives every rank the same -x variables, so a rank's torchrun variables come from Open
+// MPI's own, set by a shell in front of the program: an unchanged torchrun script then runs on
+// the hosts as it does under torchrun (and hetra ranks read the same numbers either way).
+constexpr const char* kTorchrunVariablesFromOpenMpi =
+    "export RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE "
+    "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK LOCAL_WORLD_SIZE=$OMPI_COMM_WORLD_LOCAL_SIZE; "
+    "exec \"$@\"";
 
 const char* kUsage =
     "Usage: hetra launch -np N [options] [--] PROGRAM ARGS...\n"
@@ -226,6 +236,7 @@ std::vector<std::string> mpirunCommand(const LaunchOptions& o,
   // The job's secret travels in mpirun's environment (runLaunch puts it there), by name only.
   if (!environment.count(kSecretVariable)) argv.insert(argv.end(), {"-x", kSecretVariable});
   argv.insert(argv.end(), o.mpiArgs.begin(), o.mpiArgs.end());
+  argv.insert(argv.end(), {"sh", "-c", kTorchrunVariablesFromOpenMpi, "hetra-rank"});
   argv.insert(argv.end(), o.program.begin(), o.program.end());
   return argv;
 }
@@ -240,12 +251,17 @@ std::string shellCommand(const std::map<std::string, std::string>& environment,
 
 namespace {
 
-// The variables every rank gets through mpirun: the job's, and the options meant for the ranks.
+// The variables every rank gets through mpirun: the job's, the options meant for the ranks, and
+// torch's store on rank 0's host (the first host under --map-by slot or node) at MASTER_PORT as
+// this launcher's environment names it, else torchrun's default.
 std::map<std::string, std::string> mpirunEnvironment(const LaunchOptions& o,
                                                      const std::string& storeAddress,
                                                      const std::string& jobId) {
   auto environment = jobEnvironment(storeAddress, jobId);
   if (!o.slowdowns.empty()) environment[kSlowdownsVariable] = o.slowdowns;
+  environment["MASTER_ADDR"] = o.hosts[0].host;
+  const char* torchPort = std::getenv("MASTER_PORT");
+  environment["MASTER_PORT"] = torchPort && *torchPort ? torchPort : kDefaultTorchPort;
   return environment;
 }
 
