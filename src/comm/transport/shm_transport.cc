@@ -327,8 +327,7 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
 
   std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     checkPeerIndex(peer);
-    auto request = std::make_unique<ShmRequest>(
-        *this, true, peer, tag, const_cast<uint8_t*>(static_cast<const uint8_t*>(data)), bytes);
+    auto request = ShmRequest::send(*this, peer, tag, data, bytes);
     checkAborted();
     std::lock_guard<std::mutex> lock(mutex_);
     Outbound& out = outbound_[peer];
@@ -346,8 +345,7 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
 
   std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
     checkPeerIndex(peer);
-    auto request =
-        std::make_unique<ShmRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
+    auto request = ShmRequest::receive(*this, peer, tag, data, bytes);
     checkAborted();
     std::lock_guard<std::mutex> lock(mutex_);
     Inbound& in = inbound_[peer];
