@@ -18,10 +18,10 @@ build: deps
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Every test; then the communication, store and authentication tests again under AddressSanitizer +
-# UBSan and the communication tests under ThreadSanitizer, and the training, launcher, CLI, elastic
-# and config tests under AddressSanitizer + UBSan; then each fuzz target for FUZZ_SECONDS; then the
-# MPI transport; then the CUDA build where the toolkit is installed.
+# Every test; then the communication, store, authentication and rank-environment tests again under
+# AddressSanitizer + UBSan and the communication tests under ThreadSanitizer, and the training,
+# launcher, CLI, elastic and config tests under AddressSanitizer + UBSan; then each fuzz target for
+# FUZZ_SECONDS; then the MPI transport; then the CUDA build where the toolkit is installed.
 # Each ctest run (and pytest) leaves a JUnit report; the last line of make test adds them all up.
 JUNIT := ctest-junit.xml
 PYTEST_JUNIT := pytest-junit.xml
@@ -50,8 +50,9 @@ space := $(empty) $(empty)
 label-targets = $(addprefix tests-,$(1))
 label-regex = ^($(subst $(space),|,$(strip $(1))))$$
 
-# The comm sanitizer builds leave LibTorch out: they check our communication code, not LibTorch's.
-ASAN_LABELS := comm store
+# The comm sanitizer builds leave LibTorch out: they check our communication code (and the launch
+# library's rank environments), not LibTorch's.
+ASAN_LABELS := comm store launch
 test-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=address >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target $(call label-targets,$(ASAN_LABELS))

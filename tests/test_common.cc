@@ -1,4 +1,7 @@
 #include <immintrin.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -9,6 +12,7 @@
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/params.h"
+#include "common/process.h"
 
 namespace hetra {
 namespace {
@@ -121,6 +125,41 @@ TEST(Params, EnvironmentOverridesDefaultAndBadValuesAreNamed) {
   bool listed = false;
   for (const auto& info : allParams()) listed |= info.env == "HETRA_TEST_PARAM";
   EXPECT_TRUE(listed);
+}
+
+// The start time tells a process apart from a later one with its pid; a stopped process reads 'T';
+// a process that exited is gone while still a zombie (not yet reaped).
+TEST(Process, StateAndStartTimeTellAProcessApart) {
+  const std::optional<ProcessStat> own = readProcessStat(getpid());
+  ASSERT_TRUE(own);
+  EXPECT_EQ(own->state, 'R');  // it runs while it reads its own stat
+  EXPECT_GT(own->startTime, 0u);
+  EXPECT_EQ(ownStartTime(), own->startTime);
+  EXPECT_TRUE(processAlive(getpid(), own->startTime));
+  EXPECT_TRUE(processAlive(getpid(), 0));
+  EXPECT_FALSE(processAlive(getpid(), own->startTime + 1));  // its pid, but a later process
+
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  const std::optional<ProcessStat> stopped = readProcessStat(child);
+  ASSERT_TRUE(stopped);
+  EXPECT_EQ(stopped->state, 'T');
+  EXPECT_TRUE(processAlive(child, stopped->startTime));
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, id_t(child), &info, WEXITED | WNOWAIT), 0);  // a zombie now
+  EXPECT_FALSE(processAlive(child, stopped->startTime));
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  // Reaped: gone, even if a new process took the pid meanwhile (its start time differs).
+  EXPECT_FALSE(processAlive(child, stopped->startTime));
 }
 
 }  // namespace

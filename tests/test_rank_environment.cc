@@ -279,4 +279,14 @@ TEST(RankEnvironment, ListenAddress) {
   EXPECT_EQ(routeAddressTo("localhost"), "127.0.0.1");
 }
 
+TEST(RankEnvironment, ChosenInterfaceAddressWinsOverTheRouteToTheStore) {
+  CleanEnvironment env;  // restores HETRA_IFACE_ADDR afterwards
+  RankContext c;
+  c.storeAddress = "127.0.0.1:5";
+  setenv("HETRA_IFACE_ADDR", "10.9.8.7", 1);
+  EXPECT_EQ(listenAddressFor(c), "10.9.8.7");
+  setenv("HETRA_IFACE_ADDR", "", 1);  // empty: not chosen
+  EXPECT_EQ(listenAddressFor(c), "127.0.0.1");
+}
+
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <exception>
+#include <functional>
+#include <vector>
 
 #include "common/errors.h"
 
@@ -32,50 +34,55 @@ size_t StagingPlan::stagingBytes() const {
 
 namespace {
 
-// Tracks which steps were started and not yet waited for, so that a failure waits for the rest
-// (the buffers must outlive every asynchronous step) and rethrows the first error.
-class Drain {
+// One kind of asynchronous step (the copies, or the transfers) of the plan's pieces: which were
+// started and not yet waited for, so that a failure can wait for the rest (the buffers must outlive
+// every asynchronous step).
+class PendingSteps {
  public:
-  Drain(const StagingPlan& plan, const StagingSteps& steps)
-      : plan_(plan), steps_(steps), copying_(plan.pieces()), transferring_(plan.pieces()) {}
+  using Step = std::function<void(const StagingPiece&)>;
+  PendingSteps(const StagingPlan& plan, const Step& start, const Step& wait)
+      : plan_(plan), start_(start), wait_(wait), started_(plan.pieces()) {}
 
-  void startCopy(size_t i) {
-    steps_.startCopy(plan_.piece(i));
-    copying_[i] = true;
+  void start(size_t i) {
+    start_(plan_.piece(i));
+    started_[i] = true;
   }
-  void waitCopy(size_t i) {
-    copying_[i] = false;
-    steps_.waitCopy(plan_.piece(i));
+  void wait(size_t i) {
+    started_[i] = false;
+    wait_(plan_.piece(i));
   }
-  void startTransfer(size_t i) {
-    steps_.startTransfer(plan_.piece(i));
-    transferring_[i] = true;
-  }
-  void waitTransfer(size_t i) {
-    transferring_[i] = false;
-    steps_.waitTransfer(plan_.piece(i));
-  }
-
-  // After a failure: waits for every step still pending, swallowing their errors (the first
-  // error is the one the caller rethrows).
-  void waitPending() noexcept {
-    for (size_t i = 0; i < copying_.size(); ++i) {
-      if (copying_[i]) try {
-          waitCopy(i);
-        } catch (...) {
-        }
-      if (transferring_[i]) try {
-          waitTransfer(i);
-        } catch (...) {
-        }
-    }
+  // After a failure: waits for piece i's step if it is still pending, swallowing its error (the
+  // first error is the one the caller rethrows).
+  void waitQuietly(size_t i) noexcept {
+    if (started_[i]) try {
+        wait(i);
+      } catch (...) {
+      }
   }
 
  private:
   const StagingPlan& plan_;
-  const StagingSteps& steps_;
-  std::vector<bool> copying_;
-  std::vector<bool> transferring_;
+  const Step& start_;
+  const Step& wait_;
+  std::vector<bool> started_;
+};
+
+// The copies and transfers of one staged send or receive; waitPending() after a failure waits for
+// every step still pending.
+struct Drain {
+  Drain(const StagingPlan& plan, const StagingSteps& steps)
+      : copies(plan, steps.startCopy, steps.waitCopy),
+        transfers(plan, steps.startTransfer, steps.waitTransfer),
+        pieces(plan.pieces()) {}
+  void waitPending() noexcept {
+    for (size_t i = 0; i < pieces; ++i) {
+      copies.waitQuietly(i);
+      transfers.waitQuietly(i);
+    }
+  }
+  PendingSteps copies;
+  PendingSteps transfers;
+  size_t pieces;
 };
 
 }  // namespace
@@ -85,18 +92,18 @@ void runStagedSend(const StagingPlan& plan, const StagingSteps& steps) {
   const size_t slots = size_t(plan.slots());
   Drain drain(plan, steps);
   try {
-    if (n > 0) drain.startCopy(0);
+    if (n > 0) drain.copies.start(0);
     for (size_t i = 0; i < n; ++i) {
-      drain.waitCopy(i);
-      drain.startTransfer(i);
+      drain.copies.wait(i);
+      drain.transfers.start(i);
       const size_t next = i + 1;
       if (next < n) {
         // The next piece's slot last held piece next - slots; its send must be done.
-        if (next >= slots) drain.waitTransfer(next - slots);
-        drain.startCopy(next);
+        if (next >= slots) drain.transfers.wait(next - slots);
+        drain.copies.start(next);
       }
     }
-    for (size_t i = n > slots ? n - slots : 0; i < n; ++i) drain.waitTransfer(i);
+    for (size_t i = n > slots ? n - slots : 0; i < n; ++i) drain.transfers.wait(i);
   } catch (...) {
     drain.waitPending();
     throw;
@@ -108,18 +115,18 @@ void runStagedRecv(const StagingPlan& plan, const StagingSteps& steps) {
   const size_t slots = size_t(plan.slots());
   Drain drain(plan, steps);
   try {
-    for (size_t i = 0; i < std::min(n, slots); ++i) drain.startTransfer(i);
+    for (size_t i = 0; i < std::min(n, slots); ++i) drain.transfers.start(i);
     for (size_t i = 0; i < n; ++i) {
-      drain.waitTransfer(i);
-      drain.startCopy(i);
+      drain.transfers.wait(i);
+      drain.copies.start(i);
       const size_t next = i + slots;
       if (next < n) {
         // The slot is free once its piece reached the device.
-        drain.waitCopy(i);
-        drain.startTransfer(next);
+        drain.copies.wait(i);
+        drain.transfers.start(next);
       }
     }
-    for (size_t i = n > slots ? n - slots : 0; i < n; ++i) drain.waitCopy(i);
+    for (size_t i = n > slots ? n - slots : 0; i < n; ++i) drain.copies.wait(i);
   } catch (...) {
     drain.waitPending();
     throw;

@@ -13,8 +13,23 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "common/params.h"
 
 namespace hetra::net {
+namespace {
+
+const Param kInterfaceAddress(
+    "HETRA_IFACE_ADDR", "",
+    "Address the tcp transport listens on, the interface other hosts reach (unset: 127.0.0.1; "
+    "under a launcher, the local address routed to the job's store).");
+
+}  // namespace
+
+std::optional<std::string> chosenInterfaceAddress() {
+  std::string address = kInterfaceAddress.str();
+  if (address.empty()) return std::nullopt;
+  return address;
+}
 
 int pollMillis(Deadline deadline) {
   constexpr int64_t kMaxPollMs = 3600 * 1000;

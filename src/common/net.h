@@ -1,8 +1,9 @@
-// Socket helpers shared by the TCP store and the tcp transport.
+// Socket helpers shared by the TCP store, the tcp transport and the launcher.
 #pragma once
 
 #include <sys/socket.h>
 
+#include <optional>
 #include <string>
 
 #include "common/timing.h"
@@ -18,6 +19,12 @@ void setNoDelay(int fd);
 // This machine's name (gethostname), "?" when it has none: the one copy for logs, stores and
 // transports.
 std::string hostName();
+
+// HETRA_IFACE_ADDR, the address this rank's tcp transport listens on (the interface other hosts
+// reach), or nullopt when it is not set: the one reader of that parameter. Its callers' defaults
+// differ: the transport listens on the loopback address, a launched rank on the address routed to
+// its job's store.
+std::optional<std::string> chosenInterfaceAddress();
 
 // "host:port" of a socket address, numeric, IPv6 hosts in brackets; "?" when it cannot be printed.
 std::string socketAddress(const sockaddr* addr, socklen_t len);

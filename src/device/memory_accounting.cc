@@ -1,8 +1,10 @@
 #include "device/memory_accounting.h"
 
 #include <cstdio>
+#include <iterator>
 
 #include "common/errors.h"
+#include "common/names.h"
 
 namespace hetra::device {
 namespace {
@@ -15,22 +17,18 @@ void raiseToAtLeast(std::atomic<int64_t>& peak, int64_t value) {
 
 }  // namespace
 
+constexpr NamedValue<MemoryCategory> kMemoryCategoryNames[] = {
+    {MemoryCategory::kParameters, "parameters"},
+    {MemoryCategory::kGradients, "gradients"},
+    {MemoryCategory::kOptimizerState, "optimizer_state"},
+    {MemoryCategory::kActivations, "activations"},
+    {MemoryCategory::kCommunication, "communication"},
+    {MemoryCategory::kHostData, "host_data"}};
+static_assert(std::size(kMemoryCategoryNames) == kMemoryCategories &&
+              coversEnum(kMemoryCategoryNames, MemoryCategory::kHostData));
+
 const char* memoryCategoryName(MemoryCategory category) {
-  switch (category) {
-    case MemoryCategory::kParameters:
-      return "parameters";
-    case MemoryCategory::kGradients:
-      return "gradients";
-    case MemoryCategory::kOptimizerState:
-      return "optimizer_state";
-    case MemoryCategory::kActivations:
-      return "activations";
-    case MemoryCategory::kCommunication:
-      return "communication";
-    case MemoryCategory::kHostData:
-      return "host_data";
-  }
-  return "?";
+  return nameOf(category, kMemoryCategoryNames);
 }
 
 std::string readableBytes(int64_t bytes) {

@@ -10,12 +10,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "common/errors.h"
 #include "common/net.h"
 #include "common/params.h"
+#include "common/process.h"
 
 namespace hetra::launch {
 namespace {
@@ -57,11 +57,9 @@ void closeFd(int& fd) {
 }  // namespace
 
 std::string processState(int pid) {
-  std::ifstream in(str("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = text.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= text.size()) return "";
-  const char state = text[paren + 2];
+  const std::optional<ProcessStat> stat = readProcessStat(pid);
+  if (!stat) return "";
+  const char state = stat->state;
   switch (state) {
     case 'R':
       return "R (running)";

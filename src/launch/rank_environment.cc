@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/net.h"
 #include "common/params.h"
 #include "launch/scheduler_environment.h"
 #include "store/tcp_store.h"
@@ -35,8 +36,6 @@ const Param kJobId("HETRA_JOB_ID", "job", "Prefix of this job's keys in the stor
 // Variables of other launchers: read, never declared (they are not hetra's to document).
 constexpr const char* kTorchMasterAddr = "MASTER_ADDR";
 constexpr const char* kTorchMasterPort = "MASTER_PORT";
-// The tcp transport's listen address; declared by comm (communicator.cc).
-constexpr const char* kIfaceAddr = "HETRA_IFACE_ADDR";
 
 constexpr int kDefaultMasterPort = 29431;
 
@@ -181,7 +180,7 @@ std::optional<RankContext> rankFromEnvironment() {
 }
 
 std::string listenAddressFor(const RankContext& context) {
-  if (auto iface = environmentValue(kIfaceAddr)) return *iface;
+  if (auto iface = net::chosenInterfaceAddress()) return *iface;
   const std::string host = store::parseHostPort(context.storeAddress).host;
   if (host == "localhost" || host.rfind("127.", 0) == 0) return "127.0.0.1";
   return routeAddressTo(host);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "train/config.h"
 #include "train/dataset_geometry.h"
 
 namespace hetra::train {
@@ -78,14 +79,9 @@ class Synthetic : public TensorDataset {
             Split split = Split::kTrain);
 };
 
-struct DataSpec {
-  std::string name = "fashion-mnist";  // fashion-mnist | synthetic
-  std::string path = FashionMnist::kDefaultDir;
-  int64_t samples = 4096;      // synthetic: train samples
-  int64_t testSamples = 1024;  // synthetic: test samples
-  int64_t features = 32;       // synthetic
-  int64_t classes = 10;        // synthetic
-  uint64_t seed = 1;           // synthetic
+// What makeDataset builds: the run config's [data] table, and the seed of the synthetic set.
+struct DataSpec : DataConfig {
+  uint64_t seed = 1;  // synthetic
 };
 
 // The train (or test) split. Fashion-MNIST splits are loaded once per process and shared (the ranks

@@ -21,15 +21,7 @@ ModelSpec modelSpecOf(const RunConfig& config, const DatasetGeometry& geometry) 
 }
 
 DataSpec dataSpecOf(const RunConfig& config) {
-  DataSpec spec;
-  spec.name = config.data.name;
-  spec.path = config.data.path;
-  spec.samples = config.data.samples;
-  spec.testSamples = config.data.testSamples;
-  spec.features = config.data.features;
-  spec.classes = config.data.classes;
-  spec.seed = uint64_t(config.train.seed);
-  return spec;
+  return DataSpec{config.data, uint64_t(config.train.seed)};
 }
 
 OptimSpec optimSpecOf(const TrainConfig& train) {

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/errors.h"
+#include "common/params.h"
 #include "launch/local_job.h"
 #include "launch/rank_environment.h"
 #include "launch/scheduler_environment.h"
@@ -24,8 +25,10 @@ using launch::SuperviseOptions;
 
 // Declared by common/auth: the variable the job's secret reaches the ranks in.
 constexpr const char* kSecretVariable = "HETRA_JOB_SECRET";
-// Read by hetra.torch (python/hetra/torch/optimizer.py): each rank's emulated slowdown.
-constexpr const char* kSlowdownsVariable = "HETRA_SLOWDOWNS";
+// Declared where it is set; read by hetra.torch (python/hetra/torch/optimizer.py).
+const Param kSlowdowns("HETRA_SLOWDOWNS", "",
+                       "Set by hetra launch --slowdowns for its ranks: one emulated slowdown "
+                       "factor >= 1 per rank (\"1,2,4\"), which hetra.torch applies.");
 // torchrun's default port for torch's own store, when the launcher's environment names none.
 constexpr const char* kDefaultTorchPort = "29500";
 
@@ -258,7 +261,7 @@ std::map<std::string, std::string> mpirunEnvironment(const LaunchOptions& o,
                                                      const std::string& storeAddress,
                                                      const std::string& jobId) {
   auto environment = jobEnvironment(storeAddress, jobId);
-  if (!o.slowdowns.empty()) environment[kSlowdownsVariable] = o.slowdowns;
+  if (!o.slowdowns.empty()) environment[kSlowdowns.env()] = o.slowdowns;
   environment["MASTER_ADDR"] = o.hosts[0].host;
   const char* torchPort = std::getenv("MASTER_PORT");
   environment["MASTER_PORT"] = torchPort && *torchPort ? torchPort : kDefaultTorchPort;
@@ -277,7 +280,7 @@ int runLaunch(const LaunchOptions& o) {
     // Any program: its failure message shows the rank's last lines. A rank linked with hetra
     // beats as well, so a stopped one is found within HETRA_HANG_TIMEOUT_S.
     job.captureStderr = true;
-    if (!o.slowdowns.empty()) job.environment[kSlowdownsVariable] = o.slowdowns;
+    if (!o.slowdowns.empty()) job.environment[kSlowdowns.env()] = o.slowdowns;
     return launch::runLocalJob(job).code;
   }
   const std::string address =

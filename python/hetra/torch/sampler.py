@@ -8,7 +8,6 @@ ranks know in advance: a change decided after step t applies from step t + 1 + l
 `lookahead` must cover the loader's prefetch depth, so that batches already handed to the loader
 stay valid (a change that would invalidate one raises instead).
 """
-import os
 
 from hetra import _core
 from hetra.torch import _runtime, ops
@@ -100,7 +99,8 @@ class HeteroSampler:
                                  f"each >= 1, summing to global_batch={global_batch}")
             initial = batches
         else:
-            mode = balance if balance is not None else os.environ.get("HETRA_BALANCE_MODE", "")
+            # "" leaves the mode to HETRA_BALANCE_MODE, which the balancer reads (its one reader).
+            mode = balance if balance is not None else ""
             self._balancer = _core.Balancer(self.global_batch, self.max_micro_batches, mode)
             initial = [r.batch for r in self._balancer.plan.ranks]
             if initial != _equal_split(self.global_batch, size):  # the balancer's own contract

@@ -97,6 +97,16 @@ OpHeader compressedHeader(OpHeader header, const Codec& codec) {
   return header;
 }
 
+// The opening of a compressed collective over per-rank blocks (reduce-scatter, allgather): one
+// count per rank, the headers compared with every rank's, then the blocks' encoded layout.
+template <typename BlockArgs>
+EncodedLayout openBlocks(Transport& transport, const BlockArgs& args, const Codec& codec,
+                         const char* what) {
+  HETRA_ENFORCE_EQ(args.counts.size(), size_t(transport.size()), what, ": one count per rank");
+  exchangeHeaders(transport, compressedHeader(OpHeader::of(args), codec), args.deadline, true);
+  return EncodedLayout(codec, args.counts);
+}
+
 // Encodes `count` values into `encoded`. With a residual: encodes values + residual (through
 // `staging`, count floats) and leaves in residual what the encoding lost.
 void encodeWithFeedback(const Codec& codec, const float* values, size_t count, uint8_t* encoded,
@@ -240,9 +250,7 @@ void reduceScatterCompressed(Transport& transport, const ReduceScatterArgs& args
                              const Codec& codec) {
   checkFloatSum(args.dtype, args.op, "reduceScatter");
   const int n = transport.size(), r = transport.rank();
-  HETRA_ENFORCE_EQ(args.counts.size(), size_t(n), "reduceScatter: one count per rank");
-  exchangeHeaders(transport, compressedHeader(OpHeader::of(args), codec), args.deadline, true);
-  const EncodedLayout layout(codec, args.counts);
+  const EncodedLayout layout = openBlocks(transport, args, codec, "reduceScatter");
   const float* in = static_cast<const float*>(args.in);
   float* out = static_cast<float*>(args.out);
   if (layout.count(r) && in + layout.offset(r) != out)
@@ -261,9 +269,7 @@ void allgatherCompressed(Transport& transport, const AllgatherArgs& args, const 
   HETRA_ENFORCE(args.dtype == DType::F32, "allgather: compression applies to float32 only, not ",
                 dtypeName(args.dtype));
   const int n = transport.size(), r = transport.rank();
-  HETRA_ENFORCE_EQ(args.counts.size(), size_t(n), "allgather: one count per rank");
-  exchangeHeaders(transport, compressedHeader(OpHeader::of(args), codec), args.deadline, true);
-  const EncodedLayout layout(codec, args.counts);
+  const EncodedLayout layout = openBlocks(transport, args, codec, "allgather");
   const float* in = static_cast<const float*>(args.in);
   float* out = static_cast<float*>(args.out);
   float* mine = out + layout.offset(r);

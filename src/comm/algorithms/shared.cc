@@ -116,22 +116,22 @@ void syncHeaders(SharedArena& arena, uint64_t op, const OpHeader& mine, Deadline
     if (r != me) checkHeaders(mine, me, arena.header(r, op), r);
 }
 
-std::vector<size_t> offsetsOf(const std::vector<size_t>& counts) {
-  std::vector<size_t> offsets(counts.size() + 1, 0);
-  for (size_t k = 0; k < counts.size(); ++k) offsets[k + 1] = offsets[k] + counts[k];
-  return offsets;
-}
-
 // How many elements of a block of `count` elements fall in piece p (perPiece elements a piece).
 size_t pieceLength(size_t count, size_t p, size_t perPiece) {
   const size_t first = p * perPiece;
   return first >= count ? 0 : std::min(perPiece, count - first);
 }
 
-void checkCounts(const SharedArena& arena, const std::vector<size_t>& counts, const char* op) {
+// Where each rank's block starts in the whole buffer of a reduce-scatter or allgather, and its end
+// (offsets[n]); ConfigError unless `counts` has one count per rank of the arena.
+std::vector<size_t> blockOffsets(const SharedArena& arena, const std::vector<size_t>& counts,
+                                 const char* op) {
   if (int(counts.size()) != arena.size())
     throw ConfigError(str(op, ": counts has ", counts.size(), " entries; the group has ",
                           arena.size(), " ranks"));
+  std::vector<size_t> offsets(counts.size() + 1, 0);
+  for (size_t k = 0; k < counts.size(); ++k) offsets[k + 1] = offsets[k] + counts[k];
+  return offsets;
 }
 
 // The piece pipeline of reduce-scatter, allgather and broadcast: copy piece 0 in and post; then,
@@ -151,6 +151,17 @@ void runPiecePipeline(SharedArena& arena, size_t pieces, Wait wait, CopyIn copyI
     }
     consume(p);
   }
+}
+
+// The pipeline of reduce-scatter and allgather, where every rank copies its pieces in and reads
+// piece p of every peer: each waits for all of them.
+template <typename CopyIn, typename Consume>
+void runSymmetricPipeline(SharedArena& arena, size_t pieces, Deadline deadline, CopyIn copyIn,
+                          Consume consume) {
+  runPiecePipeline(
+      arena, pieces,
+      [&](uint64_t counter) { arena.waitAll(counter, deadline, "peers copying a piece in"); },
+      copyIn, consume);
 }
 
 }  // namespace
@@ -241,11 +252,10 @@ void allreduceShared(SharedArena& arena, const AllreduceArgs& args) {
 }
 
 void reduceScatterShared(SharedArena& arena, const ReduceScatterArgs& args) {
-  checkCounts(arena, args.counts, "reduce-scatter");
   const int n = arena.size();
   const int me = arena.rank();
   const size_t es = dtypeSize(args.dtype);
-  const std::vector<size_t> offsets = offsetsOf(args.counts);
+  const std::vector<size_t> offsets = blockOffsets(arena, args.counts, "reduce-scatter");
   const size_t totalBytes = offsets[n] * es;
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
@@ -286,29 +296,24 @@ void reduceScatterShared(SharedArena& arena, const ReduceScatterArgs& args) {
       arena.account(len * es, 0);
     }
   };
-  runPiecePipeline(
-      arena, pieces,
-      [&](uint64_t counter) { arena.waitAll(counter, args.deadline, "peers copying a piece in"); },
-      copyIn,
-      [&](size_t p) {
-        const size_t len = pieceLength(myCount, p, perPiece);
-        if (len == 0) return;
-        // The own block first: `out` may be `in` at this rank's block (in place), which
-        // reduceMany allows for its first source.
-        srcs[0] = in + (offsets[me] + p * perPiece) * es;
-        for (int k = 0, i = 1; k < n; ++k)
-          if (k != me) srcs[i++] = layout.pieceBuffer(arena, k, p) + me * perPiece * es;
-        reduceMany(args.op, args.dtype, out + p * perPiece * es, srcs.data(), n, len);
-        arena.account(0, len * es * (n - 1));
-      });
+  runSymmetricPipeline(arena, pieces, args.deadline, copyIn, [&](size_t p) {
+    const size_t len = pieceLength(myCount, p, perPiece);
+    if (len == 0) return;
+    // The own block first: `out` may be `in` at this rank's block (in place), which
+    // reduceMany allows for its first source.
+    srcs[0] = in + (offsets[me] + p * perPiece) * es;
+    for (int k = 0, i = 1; k < n; ++k)
+      if (k != me) srcs[i++] = layout.pieceBuffer(arena, k, p) + me * perPiece * es;
+    reduceMany(args.op, args.dtype, out + p * perPiece * es, srcs.data(), n, len);
+    arena.account(0, len * es * (n - 1));
+  });
 }
 
 void allgatherShared(SharedArena& arena, const AllgatherArgs& args) {
-  checkCounts(arena, args.counts, "allgather");
   const int n = arena.size();
   const int me = arena.rank();
   const size_t es = dtypeSize(args.dtype);
-  const std::vector<size_t> offsets = offsetsOf(args.counts);
+  const std::vector<size_t> offsets = blockOffsets(arena, args.counts, "allgather");
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
   const size_t myBytes = args.counts[me] * es;
@@ -341,19 +346,15 @@ void allgatherShared(SharedArena& arena, const AllgatherArgs& args) {
     std::memcpy(layout.pieceBuffer(arena, me, p), myOut + p * perPiece * es, len * es);
     arena.account(len * es, 0);
   };
-  runPiecePipeline(
-      arena, pieces,
-      [&](uint64_t counter) { arena.waitAll(counter, args.deadline, "peers copying a piece in"); },
-      copyIn,
-      [&](size_t p) {
-        for (int k = 0; k < n; ++k) {
-          const size_t len = pieceLength(args.counts[k], p, perPiece);
-          if (k == me || len == 0) continue;
-          std::memcpy(out + (offsets[k] + p * perPiece) * es, layout.pieceBuffer(arena, k, p),
-                      len * es);
-          arena.account(0, len * es);
-        }
-      });
+  runSymmetricPipeline(arena, pieces, args.deadline, copyIn, [&](size_t p) {
+    for (int k = 0; k < n; ++k) {
+      const size_t len = pieceLength(args.counts[k], p, perPiece);
+      if (k == me || len == 0) continue;
+      std::memcpy(out + (offsets[k] + p * perPiece) * es, layout.pieceBuffer(arena, k, p),
+                  len * es);
+      arena.account(0, len * es);
+    }
+  });
 }
 
 void broadcastShared(SharedArena& arena, const BroadcastArgs& args) {

@@ -75,6 +75,7 @@
 #include "comm/transport/group_join.h"
 #include "comm/transport/mpi_runtime.h"
 #include "comm/transport/peer_request.h"
+#include "comm/transport/peer_transport.h"
 #include "comm/transport/tag_matcher.h"
 #include "comm/transport/wait_schedule.h"
 #include "common/bytes.h"
@@ -144,19 +145,14 @@ uint64_t mix(uint64_t x) {
   return x;
 }
 
-class MpiTransport final : public Transport {
+class MpiTransport final : public PeerTransport {
  public:
   MpiTransport(MPI_Comm comm, int rank, int size, uint64_t group, std::vector<std::string> hosts)
-      : comm_(comm),
-        rank_(rank),
-        size_(size),
+      : PeerTransport("mpi", rank, size, std::move(hosts)),
+        comm_(comm),
         group_(group),
         tagRange_(uint64_t(tagUpperBound())),
-        hosts_(std::move(hosts)),
-        peers_(size_t(size)),
-        failure_("mpi", [this](int culprit, const std::string& message) {
-          tellPeersLocked(culprit, message);
-        }) {
+        peers_(size_t(size)) {
     for (int peer = 0; peer < size_; ++peer) {
       Peer& p = peers_[size_t(peer)];
       p.sendBase = pairBase(rank_, peer);
@@ -169,18 +165,8 @@ class MpiTransport final : public Transport {
   void start();
 
   const char* name() const override { return "mpi"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
   std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
-  void abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    failure_.abort(rank_, who(rank_), reason);
-  }
-  uint64_t bytesSent() const override { return sent_.load(std::memory_order_relaxed); }
-  uint64_t bytesReceived() const override { return received_.load(std::memory_order_relaxed); }
-
-  std::string who(int peer) const { return str("rank ", peer, " (", hosts_[size_t(peer)], ")"); }
 
   // --- used by MpiRequest ---
   void wait(MpiRequest& request, Deadline deadline);
@@ -204,23 +190,16 @@ class MpiTransport final : public Transport {
   void sendOrphan(int peer, const Envelope& envelope, const std::string& payload);
   void testOrphans();
   // failure_'s notify: an Abort envelope (culprit, message) to every peer.
-  void tellPeersLocked(int culprit, const std::string& message);
+  void tellPeersLocked(int culprit, const std::string& message) override;
   // An MPI call failed: PeerAbortedError naming `peer`, or IoError when peer < 0.
   std::exception_ptr failMpi(int peer, int code, const std::string& what);
 
   MPI_Comm comm_;
-  const int rank_;
-  const int size_;
   const uint64_t group_;
   const uint64_t tagRange_;
-  const std::vector<std::string> hosts_;
-  std::atomic<uint64_t> sent_{0};
-  std::atomic<uint64_t> received_{0};
 
-  std::mutex mutex_;
   std::vector<Peer> peers_;
   std::vector<Orphan> orphans_;
-  FailureLatch failure_;
   std::optional<Deadline> releaseUntil_;  // the shared grace for abandoned MPI requests
   bool closing_ = false;                  // Close was sent (or the group failed): send nothing more
 };
@@ -252,10 +231,8 @@ void MpiTransport::postInbox(int peer) {
 
 std::unique_ptr<Request> MpiTransport::isend(int peer, uint64_t tag, const void* data,
                                              size_t bytes) {
-  auto request = std::make_unique<MpiRequest>(
-      *this, true, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  failure_.rethrowIfFailed();
+  auto request = MpiRequest::send(*this, peer, tag, data, bytes);
+  auto lock = lockUnlessFailed();
   Peer& p = peers_[size_t(peer)];
   Envelope e;
   e.type = EnvelopeType::Data;
@@ -287,10 +264,8 @@ std::unique_ptr<Request> MpiTransport::isend(int peer, uint64_t tag, const void*
 }
 
 std::unique_ptr<Request> MpiTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
-  auto request =
-      std::make_unique<MpiRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  failure_.rethrowIfFailed();
+  auto request = MpiRequest::receive(*this, peer, tag, data, bytes);
+  auto lock = lockUnlessFailed();
   Peer& p = peers_[size_t(peer)];
   if (p.matcher.oldestArrived(tag)) {
     // The oldest envelope of this tag arrived first: it is this receive's.
@@ -349,7 +324,7 @@ void MpiTransport::match(MpiRequest& request, uint64_t seq, uint64_t bytes,
 void MpiTransport::complete(MpiRequest& request) {
   request.done_ = true;
   request.queued_ = false;
-  (request.isSend_ ? sent_ : received_).fetch_add(request.bytes_, std::memory_order_relaxed);
+  countPayload(request.isSend_, request.bytes_);
 }
 
 void MpiTransport::test(MpiRequest& request) {

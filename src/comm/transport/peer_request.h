@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "comm/transport/transport.h"
@@ -26,6 +27,18 @@ class PeerRequest : public Request {
                   " is not another rank of this group of ", size, " (this is rank ", rank, ")");
     HETRA_ENFORCE(data != nullptr || bytes == 0, transport.name(), ": null buffer for ", bytes,
                   " bytes");
+  }
+
+  // The request of an isend (its data is only read) and of an irecv.
+  static std::unique_ptr<Derived> send(Owner& transport, int peer, uint64_t tag, const void* data,
+                                       size_t bytes) {
+    return std::make_unique<Derived>(transport, true, peer, tag,
+                                     static_cast<uint8_t*>(const_cast<void*>(data)), bytes);
+  }
+  static std::unique_ptr<Derived> receive(Owner& transport, int peer, uint64_t tag, void* data,
+                                          size_t bytes) {
+    return std::make_unique<Derived>(transport, false, peer, tag, static_cast<uint8_t*>(data),
+                                     bytes);
   }
 
   void wait(Deadline deadline) override { transport_.wait(static_cast<Derived&>(*this), deadline); }

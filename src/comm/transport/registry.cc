@@ -6,7 +6,7 @@
 #include "comm/transport/shm_transport.h"
 #include "comm/transport/tcp_transport.h"
 #include "common/errors.h"
-#include "common/params.h"
+#include "common/net.h"
 #include "store/store.h"
 #ifdef HETRA_WITH_MPI
 #include "comm/transport/mpi_transport.h"
@@ -14,9 +14,6 @@
 
 namespace hetra::comm {
 namespace {
-
-const Param kIfaceAddr("HETRA_IFACE_ADDR", "127.0.0.1",
-                       "Address the tcp transport listens on (the interface other hosts reach).");
 
 // Shared memory when every rank is on one host: the fastest, so tried first.
 TransportFactory shmFactory() {
@@ -44,7 +41,9 @@ TransportFactory tcpFactory() {
           [](const TransportRequest& r) {
             TcpOptions options;
             options.timeout = r.timeout;
-            options.listenAddress = r.listenAddress.empty() ? kIfaceAddr.str() : r.listenAddress;
+            options.listenAddress = r.listenAddress.empty()
+                                        ? net::chosenInterfaceAddress().value_or("127.0.0.1")
+                                        : r.listenAddress;
             return createTcpTransport(std::make_shared<store::PrefixStore>("tcp", r.store), r.rank,
                                       r.size, options);
           }};

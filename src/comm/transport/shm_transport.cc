@@ -26,7 +26,6 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -38,6 +37,7 @@
 #include "common/errors.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "common/process.h"
 
 namespace hetra::comm {
 namespace {
@@ -153,41 +153,6 @@ int usableCpus() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-}
-
-// Field 22 (starttime) of /proc/<pid>/stat and the process state, or false when unreadable.
-bool readProcStat(int pid, char* state, uint64_t* startTime) {
-  std::ifstream in(str("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(in, line)) return false;
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return false;
-  *state = line[close + 2];
-  // Fields after the command: state is field 3; starttime is field 22.
-  const char* p = line.c_str() + close + 2;
-  for (int field = 3; field < 22; ++field) {
-    p = std::strchr(p, ' ');
-    if (!p) return false;
-    ++p;
-  }
-  *startTime = std::strtoull(p, nullptr, 10);
-  return true;
-}
-
-uint64_t ownStartTime() {
-  char state = 0;
-  uint64_t start = 0;
-  return readProcStat(getpid(), &state, &start) ? start : 0;
-}
-
-bool processAlive(int pid, uint64_t startTime) {
-  if (pid <= 0) return true;  // not attached yet: nothing to judge
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  char state = 0;
-  uint64_t start = 0;
-  if (!readProcStat(pid, &state, &start)) return true;  // cannot tell: assume alive
-  if (state == 'Z' || state == 'X') return false;       // killed but not reaped yet
-  return startTime == 0 || start == startTime;
 }
 
 // Removes /dev/shm/hetra-<pid>-* segments whose creator no longer exists (a job that was killed
@@ -327,8 +292,7 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
 
   std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     checkPeerIndex(peer);
-    auto request = std::make_unique<ShmRequest>(
-        *this, true, peer, tag, const_cast<uint8_t*>(static_cast<const uint8_t*>(data)), bytes);
+    auto request = ShmRequest::send(*this, peer, tag, data, bytes);
     checkAborted();
     std::lock_guard<std::mutex> lock(mutex_);
     Outbound& out = outbound_[peer];
@@ -346,8 +310,7 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
 
   std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
     checkPeerIndex(peer);
-    auto request =
-        std::make_unique<ShmRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
+    auto request = ShmRequest::receive(*this, peer, tag, data, bytes);
     checkAborted();
     std::lock_guard<std::mutex> lock(mutex_);
     Inbound& in = inbound_[peer];

@@ -34,6 +34,7 @@
 #include "comm/transport/abort_record.h"
 #include "comm/transport/failure_latch.h"
 #include "comm/transport/peer_request.h"
+#include "comm/transport/peer_transport.h"
 #include "comm/transport/tag_matcher.h"
 #include "comm/transport/tcp_transport.h"
 #include "comm/transport/tcp_wire.h"
@@ -149,18 +150,14 @@ struct Peer {
   TagMatcher<TcpRequest*, std::shared_ptr<Unexpected>> matcher;
 };
 
-class TcpTransport final : public Transport {
+class TcpTransport final : public PeerTransport {
  public:
   TcpTransport(std::shared_ptr<store::Store> store, int rank, int size, const TcpOptions& options)
-      : store_(std::move(store)),
-        rank_(rank),
-        size_(size),
+      : PeerTransport("tcp", rank, size, {}),
+        store_(std::move(store)),
         options_(options),
         secret_(options.auth.resolve()),
-        peers_(size_t(size)),
-        failure_("tcp", [this](int culprit, const std::string& message) {
-          tellPeersLocked(culprit, message);
-        }) {
+        peers_(size_t(size)) {
     if (options.rateLimitBytesPerSecond > 0) bucket_.emplace(options.rateLimitBytesPerSecond);
   }
   ~TcpTransport() override;
@@ -171,21 +168,9 @@ class TcpTransport final : public Transport {
   void connectPeers(Deadline deadline);
 
   const char* name() const override { return "tcp"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
   std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
-  void abort(const std::string& reason) override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      failure_.abort(rank_, who(rank_), reason);
-    }
-    publishRecord();
-  }
-  uint64_t bytesSent() const override { return sent_.load(std::memory_order_relaxed); }
-  uint64_t bytesReceived() const override { return received_.load(std::memory_order_relaxed); }
 
-  std::string who(int peer) const { return str("rank ", peer, " (", hosts_[size_t(peer)], ")"); }
   void setHosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
 
   // --- used by TcpRequest ---
@@ -215,7 +200,8 @@ class TcpTransport final : public Transport {
   // Failure handling. failure_.latch() (with the lock) latches an error, the first call wins; it
   // calls tellPeersLocked, which sends Abort frames, shuts the connections and wakes everyone;
   // publishRecord (without the lock) then writes the store record.
-  void tellPeersLocked(int culprit, const std::string& message);
+  void tellPeersLocked(int culprit, const std::string& message) override;
+  void afterAbort() override { publishRecord(); }
   void publishRecord();
   bool readAbortRecord(int& culprit, std::string& message);
   // A connection dropped without an Abort frame: blames the culprit of the abort record if one
@@ -225,14 +211,9 @@ class TcpTransport final : public Transport {
   void wakeDriver();
 
   std::shared_ptr<store::Store> store_;
-  const int rank_;
-  const int size_;
   const TcpOptions options_;
   const auth::JobSecret secret_;
-  std::vector<std::string> hosts_;
   std::string groupId_;
-  std::atomic<uint64_t> sent_{0};
-  std::atomic<uint64_t> received_{0};
 
   int listenFd_ = -1;
   std::string listenAddress_;  // as published: host:port
@@ -241,7 +222,6 @@ class TcpTransport final : public Transport {
   int acceptWake_ = -1;  // eventfd: stops the accept loop
   std::thread acceptor_;
 
-  std::mutex mutex_;
   std::condition_variable changed_;  // requests completed, the driver left, the group failed
   std::vector<Peer> peers_;
   bool formed_ = false;  // every peer connected: later connections are strangers
@@ -252,7 +232,6 @@ class TcpTransport final : public Transport {
   std::optional<TokenBucket> bucket_;
   bool throttled_ = false;
   size_t unexpectedBytes_ = 0;
-  FailureLatch failure_;
   std::string unpublishedRecord_;
   // Peers whose connection dropped without an Abort frame, noticed by the driver.
   std::vector<std::pair<int, std::string>> lostPeers_;

@@ -63,10 +63,8 @@ TcpRequest::~TcpRequest() {
 
 std::unique_ptr<Request> TcpTransport::isend(int peer, uint64_t tag, const void* data,
                                              size_t bytes) {
-  auto request = std::make_unique<TcpRequest>(
-      *this, true, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  failure_.rethrowIfFailed();
+  auto request = TcpRequest::send(*this, peer, tag, data, bytes);
+  auto lock = lockUnlessFailed();
   Peer& p = peers_[size_t(peer)];
   TcpFrameHeader header;
   header.type = TcpFrameHeader::Type::Data;
@@ -85,10 +83,8 @@ std::unique_ptr<Request> TcpTransport::isend(int peer, uint64_t tag, const void*
 }
 
 std::unique_ptr<Request> TcpTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
-  auto request =
-      std::make_unique<TcpRequest>(*this, false, peer, tag, static_cast<uint8_t*>(data), bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  failure_.rethrowIfFailed();
+  auto request = TcpRequest::receive(*this, peer, tag, data, bytes);
+  auto lock = lockUnlessFailed();
   Peer& p = peers_[size_t(peer)];
   if (auto* oldest = p.matcher.oldestArrived(tag)) {
     // The oldest message of this tag arrived first: it is this receive's.
@@ -132,7 +128,7 @@ std::unique_ptr<Request> TcpTransport::irecv(int peer, uint64_t tag, void* data,
 void TcpTransport::completeLocked(TcpRequest& request) {
   request.done_ = true;
   request.queued_ = false;
-  (request.isSend_ ? sent_ : received_).fetch_add(request.bytes_, std::memory_order_relaxed);
+  countPayload(request.isSend_, request.bytes_);
 }
 
 void TcpTransport::release(TcpRequest& request) {
