@@ -360,6 +360,7 @@ std::string formatMillis(double seconds) {
 
 std::string predictedPipeline(const RunConfig& config) {
   if (config.parallel.pipeline <= 1) return "";
+  useThreads(1);  // as a device of one thread; LibTorch's default takes every core here
   DeviceMemory memory("print-config", 0);  // counts the profile's activations
   device::MemoryScope host(device::MemoryCategory::kHostData);
   auto data = makeDataset(dataSpecOf(config), /*train=*/true);
@@ -386,7 +387,7 @@ std::string predictedPipeline(const RunConfig& config) {
   std::string text =
       str("# Pipeline: parallel.partition = \"", config.parallel.partition, "\"", ", ",
           chosen.stages(), " stages, ", costs.chunks, " chunks; from a profile of one chunk of ",
-          sizes.front(), " samples on this host, times each device's slowdown:\n");
+          sizes.front(), " samples on one thread of this host, times each device's slowdown:\n");
   for (int i = 0; i < chosen.stages(); ++i)
     text += str("#   stage ", i, " on ", config.devices[size_t(i)].name, ": blocks ",
                 blockRange(names, chosen.bounds[size_t(i)], chosen.bounds[size_t(i) + 1]), " (",
