@@ -249,4 +249,42 @@ TEST(Cli, RunReportsAStoppedRankAsHung) {
 }
 #endif
 
+#ifdef HETRA_WITH_TORCH
+// The pipeline example: --print-config shows the partition and its predicted step time; a short
+// run trains through hetra run and reports each stage's time and idle fraction.
+TEST(Cli, RunTrainsThePipelineExample) {
+  const auto dir = tempDir("pipeline");
+  const std::string example =
+      std::string(HETRA_SOURCE_DIR) + "/examples/pipeline_three_devices.toml";
+  const auto printed = run(kHetra + " run " + example + " --print-config");
+  ASSERT_EQ(printed.status, 0) << printed.output;
+  EXPECT_NE(printed.output.find("[parallel]"), std::string::npos) << printed.output;
+  EXPECT_NE(printed.output.find("#   stage 2 on cpu2: blocks "), std::string::npos)
+      << printed.output;
+  EXPECT_NE(printed.output.find("#   predicted step time "), std::string::npos) << printed.output;
+  const auto metrics = dir / "metrics.jsonl";
+  const auto r = run(kHetra + " run " + example +
+                     " --set train.steps=4 --set train.log_every=1 --set data.test_samples=64 " +
+                     "--metrics " + metrics.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("pipeline of 3 stages"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("idle"), std::string::npos) << r.output;
+  std::ifstream in(metrics);
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "pipeline_step") continue;
+    ++steps;
+    ASSERT_EQ(record["stages"].size(), 3u) << line;
+    for (const auto& stage : record["stages"]) {
+      EXPECT_GT(stage["stage_s"].get<double>(), 0.0) << line;
+      EXPECT_GE(stage["idle_fraction"].get<double>(), 0.0) << line;
+    }
+  }
+  EXPECT_EQ(steps, 4);
+  fs::remove_all(dir);
+}
+#endif
+
 }  // namespace

@@ -147,6 +147,15 @@ struct LaunchConfig {
   bool operator==(const LaunchConfig&) const = default;
 };
 
+// Pipeline parallelism (train/pipeline/): the model's blocks in `pipeline` stages, stage i on
+// devices[i], `chunks` micro-batches per step through them (1F1B).
+struct ParallelConfig {
+  int64_t pipeline = 1;                // stages; 1 = data parallelism over the devices
+  std::string partition = "balanced";  // balanced (measured speeds and memory) | even
+  int64_t chunks = 4;                  // micro-batches of a step ("micro_batch" names a size)
+  bool operator==(const ParallelConfig&) const = default;
+};
+
 struct RunConfig {
   ModelConfig model;
   DataConfig data;
@@ -156,6 +165,7 @@ struct RunConfig {
   ElasticConfig elastic;
   TopologyConfig topology;
   LaunchConfig launch;
+  ParallelConfig parallel;
   std::vector<DeviceConfig> devices;
   // Not part of the configuration (ignored by ==, not printed): what validation found questionable
   // but allowed, e.g. more busy threads than cores.
@@ -164,7 +174,7 @@ struct RunConfig {
   bool operator==(const RunConfig& o) const {
     return model == o.model && data == o.data && train == o.train && balance == o.balance &&
            comm == o.comm && elastic == o.elastic && topology == o.topology && launch == o.launch &&
-           devices == o.devices;
+           parallel == o.parallel && devices == o.devices;
   }
 };
 

@@ -299,10 +299,22 @@ std::shared_ptr<BlockModel> makeBlocks(const ModelSpec& spec) {
 }  // namespace
 
 torch::Tensor BlockModel::forward(torch::Tensor x) {
-  x = prologue(std::move(x));
-  for (const auto& block : blocks_)
+  return forwardBlocks(std::move(x), 0, blocks_.size());
+}
+
+torch::Tensor BlockModel::forwardBlocks(torch::Tensor x, size_t first, size_t last) {
+  HETRA_ENFORCE(first <= last && last <= blocks_.size(), "blocks [", first, ", ", last,
+                ") of a model of ", blocks_.size());
+  if (first == 0) x = prologue(std::move(x));
+  for (size_t b = first; b < last; ++b) {
+    const auto& block = blocks_[b];
     x = checkpointing_ ? checkpoint(block.run, x, block.parameters) : block.run(x);
+  }
   return x;
+}
+
+const std::vector<torch::Tensor>& BlockModel::blockParameters(size_t block) const {
+  return blocks_.at(block).parameters;
 }
 
 std::vector<std::string> BlockModel::blockNames() const {

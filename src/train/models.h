@@ -57,6 +57,10 @@ class BlockModel : public Model {
   torch::Tensor forward(torch::Tensor x) override;
   std::vector<std::string> blockNames() const;
   void setCheckpointing(bool on) { checkpointing_ = on; }
+  // One pipeline stage's forward: the prologue when `first` is 0, then blocks [first, last).
+  torch::Tensor forwardBlocks(torch::Tensor x, size_t first, size_t last);
+  size_t blockCount() const { return blocks_.size(); }
+  const std::vector<torch::Tensor>& blockParameters(size_t block) const;
 
  protected:
   // `parameters` are those `run` reads (registered by the model as usual).

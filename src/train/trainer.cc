@@ -20,6 +20,7 @@
 #include "train/models.h"
 #include "train/optim.h"
 #include "train/periodic_sync.h"
+#include "train/pipeline/pipeline_trainer.h"
 #include "train/report.h"
 #include "train/sampler.h"
 #include "train/specs.h"
@@ -476,12 +477,14 @@ class Run {
 }  // namespace
 
 void checkModelFits(const RunConfig& config) {
+  if (config.parallel.pipeline > 1) return;  // a stage holds part of it: the partition checks
   const auto footprint = estimateFootprint(modelSpecOf(config, datasetGeometry(config.data)));
   checkMemoryCaps(config, footprint.fixedBytes, footprint.bytesPerSample);
 }
 
 TrainResult train(const RunConfig& config, std::shared_ptr<comm::Communicator> comm,
                   const TrainerOptions& options) {
+  if (config.parallel.pipeline > 1) return pipeline::train(config, std::move(comm), options);
   Run run(config, std::move(comm), options);
   return run.run();
 }

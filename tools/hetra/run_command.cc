@@ -26,6 +26,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/device_memory.h"
+#include "train/pipeline/pipeline_trainer.h"
 #include "train/report.h"
 #include "train/trainer.h"
 
@@ -80,6 +81,7 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
     if (options.printConfig) {
       std::printf("%s", train::toToml(config).c_str());
       std::printf("\n%s", train::predictedMemory(config).c_str());
+      std::printf("%s", train::pipeline::predictedPipeline(config).c_str());
       return 0;
     }
     for (const auto& warning : config.warnings)

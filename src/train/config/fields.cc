@@ -225,6 +225,18 @@ const Fields<LaunchConfig>& launchFields() {
   return fields;
 }
 
+const Fields<ParallelConfig>& parallelFields() {
+  using P = ParallelConfig;
+  static const Fields<P> fields = {
+      intField("pipeline", &P::pipeline, within(1, 1 << 16),
+               "pipeline stages, one per device; 1 = data parallelism"),
+      choiceField("partition", &P::partition, {"balanced", "even"},
+                  "balanced (measured block times and memory) | even (equal block counts)"),
+      intField("chunks", &P::chunks, within(1, 1 << 20), "pipeline: micro-batches per step (1F1B)"),
+  };
+  return fields;
+}
+
 const Fields<DeviceConfig>& deviceFields() {
   using D = DeviceConfig;
   static const Fields<D> fields = [] {

@@ -223,6 +223,51 @@ void checkElastic(const Check& check) {
                str("more than the ", c.devices.size(), " devices listed"));
 }
 
+// The blocks of the built-in models (train/models.h): mlp fc0.. + out; cnn conv0.. + fc + out
+// (its fully connected layer is always there); transformer embed + block0.. + head.
+int64_t modelBlocks(const ModelConfig& m) {
+  if (m.name == "mlp") return int64_t(m.hidden.size()) + 1;
+  if (m.name == "cnn") return int64_t(m.channels.size()) + 2;
+  return m.layers + 2;
+}
+
+// What the pipeline runtime supports today (train/pipeline/): one pipeline over all devices, a
+// stage per device, each stage at least one block and each chunk at least one sample, and none
+// of the data-parallel features that assume a whole model per device.
+void checkPipeline(const Check& check) {
+  const RunConfig& c = check.c;
+  const int64_t stages = c.parallel.pipeline;
+  if (stages == 1) return;
+  const std::string value = std::to_string(stages);
+  const int64_t devices = int64_t(c.devices.size());
+  if (stages != devices)
+    check.fail("parallel.pipeline", value,
+               str("must equal the number of devices (", devices,
+                   ") for now: one stage per device; several pipelines as data-parallel "
+                   "replicas are not implemented yet"));
+  const int64_t blocks = modelBlocks(c.model);
+  if (blocks < stages)
+    check.fail("parallel.pipeline", value,
+               str("more stages than the ", blocks, " blocks of model.name = ", quote(c.model.name),
+                   ": every stage needs at least one block"));
+  if (c.parallel.chunks > c.train.globalBatch)
+    check.fail("parallel.chunks", std::to_string(c.parallel.chunks),
+               str("more chunks than train.global_batch = ", c.train.globalBatch,
+                   ": every chunk needs at least one sample"));
+  const auto refuse = [&](bool set, const std::string& key, const std::string& v) {
+    if (set)
+      check.fail(key, v,
+                 "not supported with parallel.pipeline > 1 yet (each stage holds part of the "
+                 "model)");
+  };
+  refuse(c.train.gradClip > 0, "train.grad_clip", formatDouble(c.train.gradClip));
+  refuse(c.train.syncEvery > 1, "train.sync_every", std::to_string(c.train.syncEvery));
+  refuse(c.train.checkpointEvery > 0, "train.checkpoint_every",
+         std::to_string(c.train.checkpointEvery));
+  refuse(c.comm.compression != "none", "comm.compression", quote(c.comm.compression));
+  refuse(c.elastic.maxRestarts > 0, "elastic.max_restarts", std::to_string(c.elastic.maxRestarts));
+}
+
 }  // namespace
 
 std::vector<std::string> checkBetweenKeys(const RunConfig& config, const Capabilities& caps,
@@ -243,6 +288,7 @@ std::vector<std::string> checkBetweenKeys(const RunConfig& config, const Capabil
   checkCheckpoints(check);
   checkPeriodicSync(check);
   checkElastic(check);
+  checkPipeline(check);
   return warnings;
 }
 

@@ -1,0 +1,243 @@
+// The pipeline partitioner on synthetic per-block costs: the balanced partition is optimal against
+// an enumeration of every partition priced by the test's own reckoning of a 1F1B step, never has
+// an empty stage, keeps every stage within its device's memory, and wins the cases an even split
+// gets wrong (a heavy head, unequal devices: the issue's worked example).
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "balance/pipeline_partition.h"
+#include "common/errors.h"
+
+namespace hetra::balance {
+namespace {
+
+// The issue's model of one 1F1B step, reckoned here from the block counts (not with the library's
+// prefix sums or formula): the first chunk's path through every stage, then M - 1 periods of the
+// slowest stage.
+double referenceStep(const PipelineCosts& c, const std::vector<int64_t>& sizes) {
+  double path = 0, slowest = 0;
+  size_t block = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    double w = 0;
+    for (int64_t k = 0; k < sizes[i]; ++k) w += c.seconds[i][block++];
+    path += w;
+    slowest = std::max(slowest, w);
+  }
+  return path + double(c.chunks - 1) * slowest;
+}
+
+bool referenceFits(const PipelineCosts& c, const std::vector<int64_t>& sizes) {
+  const int stages = int(sizes.size());
+  size_t block = 0;
+  for (int i = 0; i < stages; ++i) {
+    int64_t fixed = 0, activations = 0;
+    for (int64_t k = 0; k < sizes[size_t(i)]; ++k, ++block) {
+      fixed += c.fixedBytes[block];
+      activations += c.activationBytes[block];
+    }
+    const int64_t inFlight = std::min<int64_t>(stages - i, c.chunks);
+    const int64_t cap = c.memoryBytes[size_t(i)];
+    if (cap > 0 && fixed + inFlight * activations > cap) return false;
+  }
+  return true;
+}
+
+// Every composition of the blocks into non-empty stages; the least reference step time of those
+// that fit (infinity when none does).
+double bruteForce(const PipelineCosts& c) {
+  const int stages = int(c.seconds.size());
+  const int64_t blocks = int64_t(c.fixedBytes.size());
+  std::vector<int64_t> sizes(size_t(stages), 0);
+  double best = std::numeric_limits<double>::infinity();
+  std::function<void(int, int64_t)> rec = [&](int i, int64_t left) {
+    if (i + 1 == stages) {
+      sizes[size_t(i)] = left;
+      if (left >= 1 && referenceFits(c, sizes)) best = std::min(best, referenceStep(c, sizes));
+      return;
+    }
+    for (int64_t n = 1; n <= left - (stages - 1 - i); ++n) {
+      sizes[size_t(i)] = n;
+      rec(i + 1, left - n);
+    }
+  };
+  rec(0, blocks);
+  return best;
+}
+
+std::vector<int64_t> sizesOf(const Partition& p) {
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < p.stages(); ++i) sizes.push_back(p.blocksOf(i));
+  return sizes;
+}
+
+// Devices of the given speeds (block times 1 / speed) and blocks of equal cost, unlimited memory.
+PipelineCosts equalBlocks(const std::vector<double>& speeds, int64_t blocks, int64_t chunks) {
+  PipelineCosts c;
+  for (double speed : speeds) {
+    c.seconds.push_back(std::vector<double>(size_t(blocks), 1.0 / speed));
+    c.memoryBytes.push_back(0);
+  }
+  c.fixedBytes.assign(size_t(blocks), 0);
+  c.activationBytes.assign(size_t(blocks), 0);
+  c.chunks = chunks;
+  return c;
+}
+
+// Random devices, blocks and caps; a cap is a random fraction of what the whole model would need
+// on that stage, so some cases are tight and some have no partition at all.
+PipelineCosts randomCase(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> stagesOf(1, 4);
+  const int stages = stagesOf(rng);
+  std::uniform_int_distribution<int64_t> blocksOf(stages, 9);
+  const int64_t blocks = blocksOf(rng);
+  std::uniform_real_distribution<double> seconds(0.1, 5.0), speed(0.2, 1.0), share(0.2, 1.5);
+  std::uniform_int_distribution<int64_t> bytes(1, 1000), chunks(1, 10);
+  std::bernoulli_distribution capped(0.5);
+  PipelineCosts c;
+  c.chunks = chunks(rng);
+  std::vector<double> base(static_cast<size_t>(blocks));
+  for (auto& b : base) b = seconds(rng);
+  for (int d = 0; d < stages; ++d) {
+    const double s = speed(rng);
+    std::vector<double> row;
+    for (double b : base) row.push_back(b / s);
+    c.seconds.push_back(std::move(row));
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    c.fixedBytes.push_back(bytes(rng));
+    c.activationBytes.push_back(bytes(rng));
+  }
+  int64_t whole = 0;
+  for (int64_t b = 0; b < blocks; ++b)
+    whole += c.fixedBytes[size_t(b)] + c.activationBytes[size_t(b)];
+  for (int d = 0; d < stages; ++d)
+    c.memoryBytes.push_back(capped(rng) ? int64_t(share(rng) * double(whole) / stages) + 1 : 0);
+  return c;
+}
+
+TEST(PipelinePartition, BalancedIsOptimalAgainstEveryPartitionOnRandomCases) {
+  std::mt19937_64 rng(20261201);
+  int solved = 0, infeasible = 0;
+  for (int round = 0; round < 400; ++round) {
+    const PipelineCosts c = randomCase(rng);
+    const double best = bruteForce(c);
+    if (best == std::numeric_limits<double>::infinity()) {
+      EXPECT_THROW(partitionBalanced(c), ConfigError) << "round " << round;
+      ++infeasible;
+      continue;
+    }
+    const Partition p = partitionBalanced(c);
+    const auto sizes = sizesOf(p);
+    EXPECT_NEAR(referenceStep(c, sizes), best, 1e-9 * best) << "round " << round;
+    EXPECT_NEAR(p.stepSeconds, best, 1e-9 * best) << "round " << round;
+    EXPECT_TRUE(referenceFits(c, sizes)) << "round " << round;
+    for (int64_t n : sizes) EXPECT_GE(n, 1) << "round " << round;
+    ++solved;
+  }
+  // The generator covers both kinds of case.
+  EXPECT_GT(solved, 100);
+  EXPECT_GT(infeasible, 5);
+}
+
+TEST(PipelinePartition, NeverAnEmptyStageEvenWhenOneBlockDominates) {
+  // One block far heavier than the rest pulls every other block away from its stage; an optimiser
+  // of the slowest stage alone would leave stages empty (DeepSpeed PR #4312). Ours may not.
+  for (int64_t blocks = 3; blocks <= 8; ++blocks) {
+    PipelineCosts c = equalBlocks({1, 1, 1}, blocks, 4);
+    for (auto& row : c.seconds) row[size_t(blocks / 2)] = 1000;
+    const Partition p = partitionBalanced(c);
+    ASSERT_EQ(p.stages(), 3);
+    for (int i = 0; i < 3; ++i) EXPECT_GE(p.blocksOf(i), 1) << blocks << " blocks";
+    EXPECT_EQ(p.bounds.front(), 0);
+    EXPECT_EQ(p.bounds.back(), blocks);
+  }
+}
+
+TEST(PipelinePartition, MoreStagesThanBlocksIsAConfigError) {
+  const PipelineCosts c = equalBlocks({1, 1, 1}, 2, 4);
+  try {
+    partitionBalanced(c);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.pipeline = 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("only 2 blocks"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(partitionEven(c), ConfigError);
+}
+
+TEST(PipelinePartition, MemoryCapsMoveBlocksOffASmallDevice) {
+  // Two equal devices, 6 equal blocks: unconstrained the balanced split is (3, 3). Stage 0 holds
+  // 2 chunks' activations, stage 1 one; a cap on device 0 that holds only 2 blocks' worth forces
+  // (2, 4).
+  PipelineCosts c = equalBlocks({1, 1}, 6, 4);
+  c.fixedBytes.assign(6, 100);
+  c.activationBytes.assign(6, 10);
+  EXPECT_EQ(sizesOf(partitionBalanced(c)), (std::vector<int64_t>{3, 3}));
+  c.memoryBytes[0] = 2 * 100 + 2 * 2 * 10;  // two blocks, two chunks in flight
+  const Partition p = partitionBalanced(c);
+  EXPECT_EQ(sizesOf(p), (std::vector<int64_t>{2, 4}));
+  EXPECT_LE(p.stageBytes[0], c.memoryBytes[0]);
+  EXPECT_EQ(p.stageBytes[0], 240);
+  EXPECT_EQ(p.stageBytes[1], 4 * 100 + 1 * 4 * 10);
+  // The even split does not fit that cap: refused, naming the keys.
+  try {
+    partitionEven(c);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("devices[i].memory"), std::string::npos) << e.what();
+  }
+  c.memoryBytes[0] = 100;  // not even one block with its activations
+  EXPECT_THROW(partitionBalanced(c), ConfigError);
+}
+
+TEST(PipelinePartition, HeavyHeadGetsAStageOfItsOwn) {
+  // DeepSpeed#2974: the head (vocabulary projection) costs as much as several layers; an even
+  // split puts it on a stage with as many layers as the others and that stage sets the pace.
+  PipelineCosts c = equalBlocks({1, 1, 1}, 9, 8);
+  for (auto& row : c.seconds) row.back() = 4;  // 8 layers of 1, a head of 4
+  const Partition even = partitionEven(c);
+  const Partition balanced = partitionBalanced(c);
+  EXPECT_EQ(sizesOf(even), (std::vector<int64_t>{3, 3, 3}));
+  EXPECT_DOUBLE_EQ(even.stepSeconds, 12 + 7 * 6.0);  // w = (3, 3, 6)
+  EXPECT_EQ(sizesOf(balanced), (std::vector<int64_t>{4, 4, 1}));
+  EXPECT_DOUBLE_EQ(balanced.stepSeconds, 12 + 7 * 4.0);  // w = (4, 4, 4)
+  EXPECT_DOUBLE_EQ(balanced.stepSeconds, bruteForce(c));
+}
+
+TEST(PipelinePartition, TheIssuesWorkedExample) {
+  // Speeds 1, 1/2, 1/4 (block times 1, 2, 4), 14 equal blocks, 8 chunks.
+  const PipelineCosts c = equalBlocks({1, 0.5, 0.25}, 14, 8);
+  const Partition even = partitionBy("even", c);
+  EXPECT_EQ(sizesOf(even), (std::vector<int64_t>{5, 5, 4}));
+  EXPECT_EQ(even.stageSeconds, (std::vector<double>{5, 10, 16}));
+  EXPECT_DOUBLE_EQ(even.stepSeconds, 143);
+  const Partition balanced = partitionBy("balanced", c);
+  EXPECT_EQ(sizesOf(balanced), (std::vector<int64_t>{8, 4, 2}));
+  EXPECT_EQ(balanced.stageSeconds, (std::vector<double>{8, 8, 8}));
+  EXPECT_DOUBLE_EQ(balanced.stepSeconds, 80);
+  EXPECT_DOUBLE_EQ(referenceStep(c, sizesOf(balanced)), bruteForce(c));
+}
+
+TEST(PipelinePartition, ChunksInFlightFollowOneFOneB) {
+  EXPECT_EQ(chunksInFlight(0, 3, 8), 3);
+  EXPECT_EQ(chunksInFlight(2, 3, 8), 1);
+  EXPECT_EQ(chunksInFlight(0, 3, 2), 2);  // fewer chunks than stages
+  EXPECT_EQ(chunksInFlight(1, 4, 1), 1);
+}
+
+TEST(PipelinePartition, UnknownModeNamesTheKeyAndTheChoices) {
+  try {
+    partitionBy("uniform", equalBlocks({1, 1}, 4, 2));
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.partition = \"uniform\""), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("balanced, even"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace hetra::balance

@@ -1,0 +1,455 @@
+// Pipeline parallelism (train/pipeline/): the 1F1B schedule cannot deadlock under send/receive
+// that complete only together; P = 2 and 3 stages on real ranks over the shared-memory transport
+// (threads) train exactly as one process running the same chunks; and a stage's process killed
+// mid-step makes every other stage fail naming it instead of waiting for its deadline.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "common/errors.h"
+#include "harness.h"
+#include "process_testing.h"
+#include "store/file_store.h"
+#include "train/config.h"
+#include "train/datasets.h"
+#include "train/models.h"
+#include "train/optim.h"
+#include "train/pipeline/schedule.h"
+#include "train/sampler.h"
+#include "train/specs.h"
+#include "train/trainer.h"
+
+namespace hetra::train {
+namespace {
+
+namespace fs = std::filesystem;
+using pipeline::Action;
+using pipeline::oneFOneB;
+using pipeline::Step;
+
+// ---- The schedule -------------------------------------------------------------------------------
+
+bool sendsRight(Action a) {
+  return a == Action::kSendActivation;
+}
+bool receivesRight(Action a) {
+  return a == Action::kReceiveGradient;
+}
+bool onRightLink(Action a) {
+  return sendsRight(a) || receivesRight(a);
+}
+bool onLeftLink(Action a) {
+  return a == Action::kReceiveActivation || a == Action::kSendGradient;
+}
+
+// Runs every stage's list against the others with rendezvous messages (a send and its receive
+// complete together, one message at a time per stage, as the communicator's send/recv do).
+// Returns false when no stage can move before all are done: a deadlock.
+bool completesUnderRendezvous(int stages, int64_t chunks) {
+  std::vector<std::vector<Step>> lists;
+  for (int i = 0; i < stages; ++i) lists.push_back(oneFOneB(i, stages, chunks));
+  std::vector<size_t> at(size_t(stages), 0);
+  auto done = [&] {
+    for (int i = 0; i < stages; ++i)
+      if (at[size_t(i)] < lists[size_t(i)].size()) return false;
+    return true;
+  };
+  while (!done()) {
+    bool moved = false;
+    for (int i = 0; i < stages; ++i) {
+      auto& pos = at[size_t(i)];
+      while (pos < lists[size_t(i)].size()) {
+        const Step s = lists[size_t(i)][pos];
+        if (s.action == Action::kForward || s.action == Action::kBackward) {
+          ++pos;
+          moved = true;
+          continue;
+        }
+        // A message: the neighbour must be at the matching one, same chunk.
+        const int peer = onRightLink(s.action) ? i + 1 : i - 1;
+        const Action match = s.action == Action::kSendActivation      ? Action::kReceiveActivation
+                             : s.action == Action::kReceiveActivation ? Action::kSendActivation
+                             : s.action == Action::kReceiveGradient   ? Action::kSendGradient
+                                                                      : Action::kReceiveGradient;
+        auto& peerPos = at[size_t(peer)];
+        if (peerPos < lists[size_t(peer)].size() &&
+            lists[size_t(peer)][peerPos] == Step{match, s.chunk}) {
+          ++pos;
+          ++peerPos;
+          moved = true;
+        }
+        break;
+      }
+    }
+    if (!moved) return false;
+  }
+  return true;
+}
+
+TEST(PipelineSchedule, EveryStageRunsEachChunkForwardThenBackwardOnce) {
+  for (int stages = 1; stages <= 6; ++stages)
+    for (int64_t chunks = 1; chunks <= 10; ++chunks)
+      for (int i = 0; i < stages; ++i) {
+        SCOPED_TRACE(testing::Message()
+                     << "stage " << i << " of " << stages << ", " << chunks << " chunks");
+        std::map<int64_t, int> forwards, backwards;
+        int64_t inFlight = 0, most = 0, nextForward = 0, nextBackward = 0;
+        for (const Step& s : oneFOneB(i, stages, chunks)) {
+          if (s.action == Action::kForward) {
+            EXPECT_EQ(s.chunk, nextForward++);
+            most = std::max(most, ++inFlight);
+          }
+          if (s.action == Action::kBackward) {
+            EXPECT_EQ(s.chunk, nextBackward++);
+            EXPECT_LT(s.chunk, nextForward) << "backward before its forward";
+            --inFlight;
+          }
+          EXPECT_FALSE(i == 0 && onLeftLink(s.action)) << pipeline::describe(s);
+          EXPECT_FALSE(i + 1 == stages && onRightLink(s.action)) << pipeline::describe(s);
+        }
+        EXPECT_EQ(nextForward, chunks);
+        EXPECT_EQ(nextBackward, chunks);
+        EXPECT_EQ(most, std::min<int64_t>(stages - i, chunks));  // 1F1B's bound, and reached
+      }
+}
+
+TEST(PipelineSchedule, NoDeadlockWhenSendsCompleteOnlyWithTheirReceives) {
+  for (int stages = 1; stages <= 6; ++stages)
+    for (int64_t chunks = 1; chunks <= 10; ++chunks)
+      EXPECT_TRUE(completesUnderRendezvous(stages, chunks))
+          << stages << " stages, " << chunks << " chunks";
+}
+
+// ---- Training equals one process ----------------------------------------------------------------
+
+const std::string kBase = R"(
+[data]
+name = "synthetic"
+samples = 512
+test_samples = 64
+features = 12
+classes = 5
+
+[train]
+global_batch = 30
+steps = 20
+lr = 0.05
+seed = 3
+log_every = 0
+eval_every = 0
+
+[comm]
+timeout_s = 60
+)";
+
+RunConfig pipelineConfig(const std::vector<std::string>& sets) {
+  return parseConfig(kBase, "pipeline test", sets);
+}
+
+fs::path tempDir(const std::string& name) {
+  fs::path dir =
+      fs::temp_directory_path() / ("hetra-pipeline-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::vector<nlohmann::json> records(const fs::path& metrics, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    // A line being written as we read (the kill test) does not parse yet.
+    auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_discarded() && record["event"] == event) out.push_back(std::move(record));
+  }
+  return out;
+}
+
+std::shared_ptr<BlockModel> blockModel(const RunConfig& config, const Dataset& data) {
+  return std::dynamic_pointer_cast<BlockModel>(
+      makeModel(modelSpecOf(config, DatasetGeometry{data.inputShape(), data.classes()})));
+}
+
+struct Reference {
+  std::vector<double> losses;
+  std::shared_ptr<BlockModel> model;
+  double testLoss = 0, testAccuracy = 0;  // of the trained model
+};
+
+// One process, the whole model: the step's global batch as `chunks` micro-batches of sizes as
+// even as possible (the first ones larger), each forward and backward in turn, gradients summed,
+// the summed loss divided by the global batch, then the optimizer step.
+Reference singleProcess(const RunConfig& config) {
+  auto data = makeDataset(dataSpecOf(config), /*train=*/true);
+  Reference ref;
+  ref.model = blockModel(config, *data);
+  auto optimizer = makeOptimizer(ref.model->parameters(), optimSpecOf(config.train));
+  LrSchedule schedule(scheduleSpecOf(config.train, config.train.steps));
+  const int64_t batch = config.train.globalBatch, chunks = config.parallel.chunks;
+  GlobalSampler sampler(data->size(), batch, uint64_t(config.train.seed));
+  for (int64_t step = 0; step < config.train.steps; ++step) {
+    const auto indices = sampler.indices(step, {batch}, 0);
+    double lossSum = 0;
+    size_t offset = 0;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const size_t n = size_t(batch / chunks + (k < batch % chunks ? 1 : 0));
+      const Batch b = data->get(
+          std::vector<int64_t>(indices.begin() + long(offset), indices.begin() + long(offset + n)));
+      offset += n;
+      auto loss = torch::nn::functional::cross_entropy(
+          ref.model->forward(b.inputs), b.targets,
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      (loss * (1.0 / double(batch))).backward();
+      lossSum += loss.item<double>();
+    }
+    applyLr(*optimizer, schedule.lrAt(step));
+    optimizer->step();
+    for (auto& p : ref.model->parameters()) p.mutable_grad().reset();
+    ref.losses.push_back(lossSum / double(batch));
+  }
+  // The test set in order, in parts of twice the largest training chunk, without gradients.
+  torch::NoGradGuard noGrad;
+  auto test = makeDataset(dataSpecOf(config), /*train=*/false);
+  const int64_t part = 2 * ((batch + chunks - 1) / chunks);
+  double lossSum = 0, correct = 0;
+  for (int64_t start = 0; start < test->size(); start += part) {
+    std::vector<int64_t> indices;
+    for (int64_t i = start; i < std::min(test->size(), start + part); ++i) indices.push_back(i);
+    const Batch b = test->get(indices);
+    const auto logits = ref.model->forward(b.inputs);
+    lossSum += torch::nn::functional::cross_entropy(
+                   logits, b.targets,
+                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                   .item<double>();
+    correct += logits.argmax(1).eq(b.targets).sum().item<double>();
+  }
+  ref.testLoss = lossSum / double(test->size());
+  ref.testAccuracy = correct / double(test->size());
+  return ref;
+}
+
+// Trains the pipeline with one thread per stage over the shared-memory transport and compares
+// every step's loss and every trained block with the single process: bitwise, since every sum
+// runs in the same order (the chunks' gradients accumulate in chunk order on both sides).
+void expectSameAsOneProcess(const RunConfig& config, const std::string& name) {
+  torch::set_num_threads(1);
+  const int stages = int(config.parallel.pipeline);
+  const auto dir = tempDir(name);
+  const fs::path metrics = dir / "metrics.jsonl";
+  auto store = std::make_shared<store::MemoryStore>();
+  std::vector<std::shared_ptr<BlockModel>> models(static_cast<size_t>(stages));
+  test::runRanks(stages, [&](int rank) {
+    comm::GroupOptions group;
+    group.timeout = Millis(60000);
+    group.transport = "shm";
+    auto comm = comm::Communicator::create(store, rank, stages, group);
+    TrainerOptions options;
+    options.metricsPath = metrics.string();
+    options.makeModel = [&] {
+      auto data = makeDataset(dataSpecOf(config), true);
+      models[size_t(rank)] = blockModel(config, *data);
+      return std::shared_ptr<Model>(models[size_t(rank)]);
+    };
+    train(config, comm, options);
+  });
+  const Reference ref = singleProcess(config);
+  const auto steps = records(metrics, "pipeline_step");
+  ASSERT_EQ(steps.size(), ref.losses.size());
+  for (size_t s = 0; s < steps.size(); ++s) {
+    EXPECT_EQ(steps[s]["loss"].get<double>(), ref.losses[s]) << "step " << s + 1;
+    ASSERT_EQ(steps[s]["stages"].size(), size_t(stages));
+    for (const auto& stage : steps[s]["stages"]) {
+      EXPECT_GT(stage["stage_s"].get<double>(), 0);
+      EXPECT_GE(stage["idle_fraction"].get<double>(), 0);
+      EXPECT_LE(stage["idle_fraction"].get<double>(), 1);
+    }
+  }
+  // The final evaluation through the stages: the trained model's on the whole test set.
+  const auto evals = records(metrics, "eval");
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_EQ(evals[0]["step"].get<int64_t>(), int64_t(ref.losses.size()));
+  EXPECT_DOUBLE_EQ(evals[0]["test_loss"].get<double>(), ref.testLoss);
+  EXPECT_DOUBLE_EQ(evals[0]["test_accuracy"].get<double>(), ref.testAccuracy);
+  // The partition record names every stage with at least one block, covering all of them.
+  const auto partition = records(metrics, "pipeline");
+  ASSERT_EQ(partition.size(), 1u);
+  int64_t covered = 0;
+  for (const auto& stage : partition[0]["stages"]) {
+    EXPECT_EQ(stage["first_block"].get<int64_t>(), covered);
+    EXPECT_GE(stage["blocks"].get<int64_t>(), 1);
+    covered += stage["blocks"].get<int64_t>();
+  }
+  EXPECT_EQ(covered, int64_t(ref.model->blockCount()));
+  // Each block was trained on exactly one stage (the others freed it), equal to the reference.
+  for (size_t b = 0; b < ref.model->blockCount(); ++b) {
+    int holders = 0;
+    for (int r = 0; r < stages; ++r) {
+      const auto& params = models[size_t(r)]->blockParameters(b);
+      if (params.front().numel() == 0) continue;
+      ++holders;
+      const auto& expected = ref.model->blockParameters(b);
+      ASSERT_EQ(params.size(), expected.size());
+      for (size_t i = 0; i < params.size(); ++i)
+        EXPECT_TRUE(torch::equal(params[i], expected[i]))
+            << "block " << b << " parameter " << i << " on stage " << r << ": max difference "
+            << (params[i] - expected[i]).abs().max().item<double>();
+    }
+    EXPECT_EQ(holders, 1) << "block " << b;
+  }
+  fs::remove_all(dir);
+}
+
+std::string devices(int n) {
+  std::string list = "devices=[";
+  for (int i = 0; i < n; ++i) list += str(i ? "," : "", "{name=\"stage", i, "\"}");
+  return list + "]";
+}
+
+TEST(Pipeline, TwoStagesOddBlocksMoreChunksThanStagesEqualOneProcess) {
+  // 3 blocks (fc0, fc1, out) in 2 stages, 5 chunks of 6 samples.
+  expectSameAsOneProcess(
+      pipelineConfig({"model.name=\"mlp\"", "model.hidden=[24, 16]", "train.momentum=0.9",
+                      "parallel.pipeline=2", "parallel.chunks=5", "parallel.partition=\"even\"",
+                      devices(2)}),
+      "two");
+}
+
+TEST(Pipeline, ThreeStagesFewerChunksThanStagesEqualOneProcess) {
+  // 5 blocks in 3 stages, 2 chunks of 15 samples; the balanced partition of the profile.
+  expectSameAsOneProcess(
+      pipelineConfig({"model.name=\"mlp\"", "model.hidden=[24, 16, 8, 8]",
+                      "train.optimizer=\"adam\"", "train.lr=0.01", "parallel.pipeline=3",
+                      "parallel.chunks=2", "parallel.partition=\"balanced\"", devices(3)}),
+      "three");
+}
+
+TEST(Pipeline, ThreeStageTransformerEqualsOneProcess) {
+  // embed, block0, head: one block per stage; 4 chunks (8, 8, 7, 7 samples).
+  expectSameAsOneProcess(
+      pipelineConfig({"model.name=\"transformer\"", "model.layers=1", "model.dim=16",
+                      "model.heads=2", "model.seq_len=4", "train.optimizer=\"adamw\"",
+                      "train.lr=0.01", "train.weight_decay=0.01", "parallel.pipeline=3",
+                      "parallel.chunks=4", devices(3)}),
+      "transformer");
+}
+
+TEST(Pipeline, ConfigRefusesWhatThePipelineCannotRun) {
+  auto message = [](const std::vector<std::string>& sets) {
+    try {
+      pipelineConfig(sets);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string mlp = "model.hidden=[8]";  // 2 blocks
+  EXPECT_NE(message({mlp, "parallel.pipeline=3", devices(3)})
+                .find("parallel.pipeline = 3: more stages than the 2 blocks"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.pipeline=2", devices(3)})
+                .find("parallel.pipeline = 2: must equal the number of devices (3)"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.pipeline=2", "parallel.chunks=31", devices(2)})
+                .find("parallel.chunks = 31: more chunks than train.global_batch = 30"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.pipeline=2", "train.grad_clip=1", devices(2)})
+                .find("not supported with parallel.pipeline > 1"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.partition=\"uniform\""}).find("parallel.partition"),
+            std::string::npos);
+}
+
+// ---- A stage's process killed mid-step ----------------------------------------------------------
+
+// Rank `rank` of 3 processes sharing a file store: trains until it fails, then writes the error's
+// type and text to `out` and exits (0 finished, 3 PeerAbortedError, 4 anything else).
+[[noreturn]] void stageProcess(const RunConfig& config, const fs::path& dir, int rank) {
+  std::string outcome;
+  int code = 4;
+  try {
+    torch::set_num_threads(1);
+    auto store = std::make_shared<store::FileStore>((dir / "store").string());
+    comm::GroupOptions group;
+    group.timeout = Millis(60000);  // a rank waiting for its deadline would take minutes
+    auto comm = comm::Communicator::create(store, rank, 3, group);
+    TrainerOptions options;
+    if (rank == 0) options.metricsPath = (dir / "metrics.jsonl").string();
+    train(config, comm, options);
+    outcome = "finished";
+    code = 0;
+  } catch (const PeerAbortedError& e) {
+    outcome = str("PeerAbortedError ", e.what());
+    code = 3;
+  } catch (const std::exception& e) {
+    outcome = str("other ", e.what());
+  }
+  std::ofstream(dir / ("rank" + std::to_string(rank))) << outcome;
+  _exit(code);
+}
+
+TEST(Pipeline, AKilledStageMakesEveryOtherStageFailNamingIt) {
+  const auto dir = tempDir("kill");
+  const RunConfig config =
+      pipelineConfig({"model.name=\"mlp\"", "model.hidden=[24, 16]", "train.steps=1000000",
+                      "parallel.pipeline=3", "parallel.chunks=4", devices(3)});
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 3; ++rank) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) stageProcess(config, dir, rank);
+    pids.push_back(pid);
+  }
+  // Training runs once rank 0 has written a few step records; then the middle stage dies in
+  // whatever step it is in.
+  const auto started = std::chrono::steady_clock::now();
+  while (records(dir / "metrics.jsonl", "pipeline_step").size() < 3 &&
+         std::chrono::steady_clock::now() - started < std::chrono::seconds(120))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GE(records(dir / "metrics.jsonl", "pipeline_step").size(), 3u);
+  kill(pids[1], SIGKILL);
+  // The survivors end on their own (a safety net far below the communicator's deadline, so a
+  // rank that waited for it fails here rather than hanging the test).
+  std::map<pid_t, int> statuses;
+  const auto killed = std::chrono::steady_clock::now();
+  while (statuses.size() < 3 &&
+         std::chrono::steady_clock::now() - killed < std::chrono::seconds(50)) {
+    int status = 0;
+    const pid_t done = waitpid(-1, &status, WNOHANG);
+    if (done > 0)
+      statuses[done] = status;
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (pid_t pid : pids)
+    if (!statuses.count(pid)) {
+      ADD_FAILURE() << "pid " << pid << " still running";
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  for (int rank : {0, 2}) {
+    const std::string outcome = test::slurp(dir / ("rank" + std::to_string(rank)));
+    SCOPED_TRACE(outcome);
+    ASSERT_TRUE(statuses.count(pids[size_t(rank)]));
+    const int status = statuses[pids[size_t(rank)]];
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << "rank " << rank;
+    EXPECT_EQ(outcome.rfind("PeerAbortedError", 0), 0u) << "rank " << rank;
+    EXPECT_NE(outcome.find("rank 1"), std::string::npos) << "rank " << rank;
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace hetra::train
