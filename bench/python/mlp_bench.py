@@ -109,7 +109,7 @@ for step, indices in zip(range(args.warmup + args.steps), batches()):
         opt.slowdown = slowdown_at(step)
     else:
         phase.update(step=step, wall=time.perf_counter(), work=time.thread_time(), pending=True)
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=True)  # torch >= 2.0's default, for every variant alike
     loss = torch.nn.functional.cross_entropy(trained(x[indices]), y[indices])
     if args.variant == "ddp-proportional":
         loss = loss * (len(indices) * size / B)  # DDP divides by size: this makes it b_i / B
@@ -120,4 +120,7 @@ if rank == 0:
     print(json.dumps({"variant": args.variant, "backend": args.backend if args.variant != "hetra"
                       else "hetra.torch", "slowdowns": args.slowdowns, "change": args.change,
                       "steps": args.steps, "seconds": round(seconds, 3),
-                      "samples_per_s": round(args.steps * B / seconds, 1)}), flush=True)
+                      "samples_per_s": round(args.steps * B / seconds, 1),
+                      # the split of the last step (the balancer's, for hetra.torch)
+                      "split": (sampler.schedule.shares_at(step) if args.variant == "hetra"
+                                else shares)}), flush=True)

@@ -38,6 +38,21 @@ struct PyWork {
   comm::WorkPtr work;
   py::object keep;  // whatever owns the buffers (released with the GIL held, by Python)
 
+  PyWork(comm::WorkPtr w, py::object k) : work(std::move(w)), keep(std::move(k)) {}
+  PyWork(PyWork&&) = default;
+  PyWork& operator=(PyWork&&) = default;
+  // A Work dropped before its operation ended still owns the buffers the operation reads and
+  // writes: they are released only once it ended (at most its deadline). Its error, if any, stays
+  // latched in the group: the next operation raises it.
+  ~PyWork() {
+    if (!work || keep.is_none() || work->isCompleted()) return;
+    py::gil_scoped_release release;
+    try {
+      work->wait();
+    } catch (const std::exception&) {
+    }
+  }
+
   void wait(std::optional<double> timeout) {
     {
       py::gil_scoped_release release;
@@ -63,7 +78,7 @@ comm::OpPolicy policyFor(const std::string& compression, size_t block, size_t mi
 }
 
 PyWork started(comm::WorkPtr work, py::object keep) {
-  return PyWork{std::move(work), keep};
+  return PyWork(std::move(work), std::move(keep));
 }
 
 // The elements of a gather or scatter over all ranks: one count per rank.

@@ -6,6 +6,7 @@ runs alone. Under torchrun hetra serves its own store on a free port of rank 0's
 that address through torch's store (torchrun's agent serves it at MASTER_PORT), so it never competes
 with torch for a port.
 """
+import atexit
 import datetime
 import os
 import socket
@@ -102,8 +103,10 @@ def world():
     return _world
 
 
+@atexit.register  # the job is left while the interpreter is intact (see backend._live_groups)
 def shutdown():
-    """Leaves the job: drops the communicator and the store (a later init() joins again)."""
+    """Leaves the job: drops the communicator (its operations in flight complete first) and the
+    store (a later init() joins again)."""
     global _world
     _world = None
 

@@ -7,9 +7,11 @@ and the devices it serves (register_backend's `devices`). Both are feature-detec
 run here. Operations return at once; their Work completes when hetra's does (a completer
 thread waits for them in order), so DDP overlaps its gradient allreduces with backward.
 """
+import atexit
 import datetime
 import inspect
 import os
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -80,6 +82,14 @@ class ProcessGroupHetra(_Base):
         self.comm = _core.Communicator(group_store, rank, size, timeout=seconds,
                                        listen_address=listen if size > 1 else "")
         self._completer = ops.Completer(seconds)
+        _live_groups.add(self)
+
+    def shutdown(self):
+        """Completes what was issued, then releases the group's threads, transport and store
+        (idempotent; the group is unusable afterwards). Called for every live group when the
+        interpreter exits, before it starts tearing itself down."""
+        self._completer.close()
+        self.comm = self._job = self._server = None
 
     def _started(self, works, result, then=None):
         # hetra runs a group's operations in order: the last one done means all are.
@@ -139,6 +149,20 @@ class ProcessGroupHetra(_Base):
 
     def recv(self, tensors, src, tag=0):
         return self._started([ops.recv(t, src, tag, comm=self.comm) for t in tensors], tensors)
+
+
+# Every group not yet shut down. Scripts rarely call destroy_process_group(), and torch 1.13 keeps
+# the default group until the interpreter tears its modules down: the groups are shut down at exit
+# first, while the interpreter is intact, so that none of their completion callbacks, progress
+# threads or transports runs on into the teardown (a thread that wants the GIL then is ended in
+# the middle of C++ frames, which aborts the process).
+_live_groups = weakref.WeakSet()
+
+
+@atexit.register  # registered at import: runs after the atexit handlers of any later group
+def _shutdown_live_groups():
+    for group in list(_live_groups):
+        group.shutdown()
 
 
 def _create(store, rank, size, timeout):

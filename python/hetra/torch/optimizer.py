@@ -22,10 +22,19 @@ from hetra.torch.sampler import HeteroSampler
 
 
 class _Bucket:
+    """A bucket's gradients live in one flat buffer: each parameter's .grad becomes a view of its
+    slice (DDP's gradient_as_bucket_view), so the allreduce runs in place and its result is the
+    gradient, with no copy in and none back."""
+
     def __init__(self, params):
         self.params = params
+        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        self.views = []
+        offset = 0
+        for p in params:
+            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
         self.ready = 0
-        self.flat = None
         self.work = None
         self.residual = None
 
@@ -90,6 +99,9 @@ class DistributedOptimizer:
             for p in bucket.params:
                 self._hooks.append(_grad_ready_hook(p, lambda b=bucket: self._grad_ready(b)))
         self._syncing = True
+        self._synchronized = False  # this step's gradients are in (synchronize() ran)
+        self._compute_wall = 0.0  # seconds of this step's compute phase, stretched
+        self._pending_times = None  # (step, every rank's compute seconds, their allgather)
         self.steps = 0
         self.compute_seconds = []  # this rank's compute time of each step (the balancer's input)
         self._restart_phase()
@@ -149,49 +161,85 @@ class DistributedOptimizer:
             self._launch(bucket)
 
     def _launch(self, bucket):
-        for p in bucket.params:
-            if p.grad is None:  # unused in this step's graph: it contributes nothing
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.detach().reshape(-1) for p in bucket.params])
-        flat.mul_(self._weight())
+        # Each gradient goes into its slice of the flat buffer scaled by this rank's weight, in one
+        # pass: in place where backward accumulated into the slice (a gradient kept from the last
+        # step), else multiplied into it from the tensor backward made (after zero_grad() set the
+        # gradients to None); either way .grad is the slice from here on.
+        weight = self._weight()
+        with torch.no_grad():
+            for p, view in zip(bucket.params, bucket.views):
+                grad = p.grad
+                if grad is None:  # unused in this step's graph: it contributes nothing
+                    view.zero_()
+                elif grad.data_ptr() == view.data_ptr():
+                    if weight != 1.0:
+                        view.mul_(weight)
+                    continue
+                else:
+                    torch.mul(grad, weight, out=view)
+                p.grad = view
         if self._compression != "none" and bucket.residual is None:
-            bucket.residual = torch.zeros(flat.numel(), dtype=torch.float32)
-        residual = bucket.residual if flat.dtype == torch.float32 else None
-        bucket.flat = flat
-        bucket.work = ops.allreduce(flat, "sum", compression=self._compression,
+            bucket.residual = torch.zeros(bucket.flat.numel(), dtype=torch.float32)
+        residual = bucket.residual if bucket.flat.dtype == torch.float32 else None
+        bucket.work = ops.allreduce(bucket.flat, "sum", compression=self._compression,
                                     residual=residual, min_bytes=self._compression_min_bytes,
                                     comm=self._comm)
 
     def synchronize(self):
-        """Waits until every bucket's allreduce is done and the gradients hold their results."""
+        """Ends this step's compute phase (a slow device's is stretched first, before its
+        gradients leave), then waits until every bucket's allreduce is done and the gradients
+        hold their results; a later step() does not send them again."""
+        if self._synchronized:
+            return
+        self._compute_wall = time.perf_counter() - self._phase_wall
+        if self._slowdown > 1.0:
+            self._emulator.end_phase(self._slowdown, self._compute_wall,
+                                     time.thread_time() - self._phase_work)
+            self._compute_wall = time.perf_counter() - self._phase_wall
         for bucket in self._buckets:
             if bucket.work is None:
                 self._launch(bucket)
         for bucket in self._buckets:
             bucket.work.wait()
-            offset = 0
-            for p in bucket.params:
-                n = p.numel()
-                p.grad.copy_(bucket.flat[offset:offset + n].view_as(p.grad))
-                offset += n
-            bucket.ready, bucket.flat, bucket.work = 0, None, None
+            bucket.ready, bucket.work = 0, None
+        self._synchronized = True
 
     def step(self, closure=None):
-        wall = time.perf_counter() - self._phase_wall
-        if self._slowdown > 1.0:
-            self._emulator.end_phase(self._slowdown, wall, time.thread_time() - self._phase_work)
-            wall = time.perf_counter() - self._phase_wall
-        self.compute_seconds.append(wall)
         self.synchronize()
+        wall = self._compute_wall
+        self.compute_seconds.append(wall)
+        self._drain_times()
         result = self.optimizer.step(closure)
         if self._sampler is not None and self._sampler.balancing:
-            everyone = ops.allgather_floats([wall], comm=self._comm)
-            self._sampler.record(self.steps, [row[0] for row in everyone])
+            self._share_times(wall)
         self.steps += 1
+        self._synchronized = False
         self._restart_phase()
         return result
 
-    def zero_grad(self, set_to_none=False):
+    def _share_times(self, wall):
+        # All-gathers this step's compute time in the background; the balancer gets it at the next
+        # step (its gradients' allreduce runs after it, so it is done by then). Waiting for it here
+        # would add a synchronisation of all ranks, with every rank's optimizer step on the
+        # critical path, to every step (the C++ trainer shares its timings the same way).
+        mine = torch.tensor([wall], dtype=torch.float64)
+        everyone = torch.empty(self._comm.size, dtype=torch.float64)
+        self._pending_times = (self.steps, everyone,
+                               ops.allgather(everyone, mine, comm=self._comm))
+
+    def _drain_times(self):
+        """Feeds the pending step's all-gathered compute times to the sampler's balancer."""
+        if self._pending_times is None:
+            return
+        step, everyone, work = self._pending_times
+        self._pending_times = None
+        work.wait()
+        self._sampler.record(step, everyone.tolist(), now=self.steps)
+
+    def zero_grad(self, set_to_none=True):
+        """As torch >= 2.0's: gradients to None by default, so that backward hands over the
+        tensors it makes instead of adding them to zeros (one pass less per step);
+        set_to_none=False zeroes them."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     @property

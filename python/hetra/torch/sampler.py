@@ -150,16 +150,17 @@ class HeteroSampler:
         """This rank's share of global `step` (its weight in the gradient is share / global_batch)."""
         return self.schedule.shares_at(step)[self._comm.rank]
 
-    def record(self, step, seconds_per_rank):
-        """Every rank's compute seconds of `step` (alike on every rank): the balancer's input. A
-        new split applies from step + 1 + lookahead."""
+    def record(self, step, seconds_per_rank, now=None):
+        """Every rank's compute seconds of `step` (alike on every rank): the balancer's input.
+        `now`: the step being taken when they arrive (default: `step`; DistributedOptimizer hands
+        them over one step later). A new split applies from now + 1 + lookahead."""
         if self._balancer is None:
             return
         shares = self.schedule.shares_at(step)
         for r, seconds in enumerate(seconds_per_rank):
             self._balancer.observe(r, shares[r], float(seconds))
         if self._balancer.end_step(step):
-            first = step + 1 + self.lookahead
+            first = (step if now is None else now) + 1 + self.lookahead
             if first < self._next_step:
                 raise RuntimeError(f"the split changes at step {first} but the loader already "
                                    f"took step {self._next_step - 1}: make lookahead (now "
