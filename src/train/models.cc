@@ -300,9 +300,29 @@ std::shared_ptr<BlockModel> makeBlocks(const ModelSpec& spec) {
 
 torch::Tensor BlockModel::forward(torch::Tensor x) {
   x = prologue(std::move(x));
-  for (const auto& block : blocks_)
-    x = checkpointing_ ? checkpoint(block.run, x, block.parameters) : block.run(x);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const auto& block = blocks_[i];
+    if (hooks_) {
+      hooks_->beforeBlock(i);
+      x = checkpoint(block.run, x, block.parameters, hookedOptions_[i]);
+      hooks_->afterBlock(i);
+    } else {
+      x = checkpointing_ ? checkpoint(block.run, x, block.parameters) : block.run(x);
+    }
+  }
   return x;
+}
+
+void BlockModel::setBlockHooks(BlockHooks* hooks) {
+  hooks_ = hooks;
+  hookedOptions_.assign(blocks_.size(), CheckpointOptions{});
+  if (!hooks) return;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    hookedOptions_[i].beforeRecompute = [hooks, i] { hooks->recomputing(i); };
+    hookedOptions_[i].takeGradients = [hooks, i](std::vector<torch::Tensor>& gradients) {
+      hooks->takeGradients(i, gradients);
+    };
+  }
 }
 
 std::vector<std::string> BlockModel::blockNames() const {

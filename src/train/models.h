@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "train/activation_checkpoint.h"
+
 namespace hetra::train {
 
 struct ModelSpec {
@@ -49,6 +51,20 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor x) = 0;
 };
 
+// Called around each block of a BlockModel (ZeRO-3, train/zero_parallel.h, gathers a block's
+// parameters before it runs and frees them after). With hooks every block runs checkpointed
+// (train/activation_checkpoint.h): no activation of a block outlives the block's run, and backward
+// recomputes the block between recomputing() and takeGradients().
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void beforeBlock(size_t block) = 0;  // forward
+  virtual void afterBlock(size_t block) = 0;
+  virtual void recomputing(size_t block) = 0;  // backward, before the block's recompute
+  // After it: the gradients of the block's trainable parameters (CheckpointOptions::takeGradients).
+  virtual void takeGradients(size_t block, std::vector<torch::Tensor>& gradients) = 0;
+};
+
 // A model that is a sequence of named blocks. forward runs the prologue (input checks, reshapes),
 // then each block on the previous one's output, checkpointed (train/activation_checkpoint.h) when
 // checkpointing is on.
@@ -57,6 +73,13 @@ class BlockModel : public Model {
   torch::Tensor forward(torch::Tensor x) override;
   std::vector<std::string> blockNames() const;
   void setCheckpointing(bool on) { checkpointing_ = on; }
+  size_t blockCount() const { return blocks_.size(); }
+  // The parameters block `block` reads, as addBlock named them.
+  const std::vector<torch::Tensor>& blockParameters(size_t block) const {
+    return blocks_.at(block).parameters;
+  }
+  // nullptr removes them; the hooks must outlive their use.
+  void setBlockHooks(BlockHooks* hooks);
 
  protected:
   // `parameters` are those `run` reads (registered by the model as usual).
@@ -72,6 +95,8 @@ class BlockModel : public Model {
   };
   std::vector<NamedBlock> blocks_;
   bool checkpointing_ = false;
+  BlockHooks* hooks_ = nullptr;
+  std::vector<CheckpointOptions> hookedOptions_;  // per block, calling hooks_
 };
 
 // Throws ConfigError naming the field when the spec does not describe a buildable model.

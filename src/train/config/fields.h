@@ -19,6 +19,7 @@ const Fields<CommConfig>& commFields();
 const Fields<ElasticConfig>& elasticFields();
 const Fields<TopologyConfig>& topologyFields();
 const Fields<LaunchConfig>& launchFields();
+const Fields<ZeroConfig>& zeroFields();
 const Fields<DeviceConfig>& deviceFields();  // one [[devices]] entry
 
 // Calls fn(name, member, fields) for each table section of RunConfig, in the order toToml writes
@@ -34,6 +35,7 @@ void forEachSection(Fn&& fn) {
   fn("elastic", &RunConfig::elastic, elasticFields());
   fn("topology", &RunConfig::topology, topologyFields());
   fn("launch", &RunConfig::launch, launchFields());
+  fn("zero", &RunConfig::zero, zeroFields());
 }
 
 // The top-level names of the file: the table sections, then "devices".
