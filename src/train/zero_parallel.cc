@@ -2,7 +2,6 @@
 
 #include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "common/timing.h"
 #include "device/memory_accounting.h"
 #include "train/fused_optim.h"
+#include "train/gradient_hooks.h"
 
 namespace hetra::train {
 namespace {
@@ -187,13 +187,9 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
     for (size_t k = 0; k < params_.size(); ++k) {
       accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[k]));
       HETRA_ENFORCE(accumulators_.back() != nullptr, "parameter ", k, " has no accumulator");
-      hookKeys_.push_back(accumulators_.back()->add_post_hook(
-          std::make_unique<torch::autograd::utils::LambdaPostHook>(
-              [this, k](const torch::autograd::variable_list& outputs,
-                        const torch::autograd::variable_list&) {
-                if (armed_) onReady(k);
-                return outputs;
-              })));
+      hookKeys_.push_back(onGradientAccumulated(*accumulators_.back(), [this, k] {
+        if (armed_) onReady(k);
+      }));
     }
 }
 
