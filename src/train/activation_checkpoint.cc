@@ -19,6 +19,8 @@ using torch::autograd::variable_list;
 struct Recompute : torch::CustomClassHolder {
   Block block;
   bool restoreRng = true;
+  std::function<void()> beforeRecompute;
+  std::function<void(std::vector<torch::Tensor>&)> takeGradients;
   torch::Tensor rngState;
 };
 
@@ -38,12 +40,15 @@ void setGeneratorState(const torch::Tensor& state) {
 }
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const Block* block, bool restoreRng,
-                               const torch::Tensor& input, at::TensorList parameters) {
+  static torch::Tensor forward(AutogradContext* ctx, const Block* block,
+                               const CheckpointOptions* options, const torch::Tensor& input,
+                               at::TensorList parameters) {
     auto recompute = c10::make_intrusive<Recompute>();
     recompute->block = *block;
-    recompute->restoreRng = restoreRng;
-    if (restoreRng) recompute->rngState = generatorState();
+    recompute->restoreRng = options->preserveRngState;
+    recompute->beforeRecompute = options->beforeRecompute;
+    recompute->takeGradients = options->takeGradients;
+    if (recompute->restoreRng) recompute->rngState = generatorState();
     ctx->saved_data["recompute"] = c10::IValue::make_capsule(recompute);
     variable_list saved = {input};
     saved.insert(saved.end(), parameters.begin(), parameters.end());
@@ -58,6 +63,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     const variable_list saved = ctx->get_saved_variables();
     torch::Tensor input = saved.at(0).detach().requires_grad_(saved[0].requires_grad());
     torch::Tensor output;
+    if (recompute->beforeRecompute) recompute->beforeRecompute();
     {
       torch::AutoGradMode grad(true);
       torch::Tensor callerState;
@@ -75,13 +81,19 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     variable_list grads = torch::autograd::grad({output}, leaves, {gradOutputs.at(0)},
                                                 /*retain_graph=*/false, /*create_graph=*/false,
                                                 /*allow_unused=*/true);
-    variable_list out = {torch::Tensor(), torch::Tensor()};  // block, restoreRng
+    variable_list out = {torch::Tensor(), torch::Tensor()};  // block, options
     size_t next = 0;
     out.push_back(input.requires_grad() ? grads[next++] : torch::Tensor());
+    if (recompute->takeGradients) {
+      variable_list parameterGrads(grads.begin() + long(next), grads.end());
+      recompute->takeGradients(parameterGrads);
+      grads.resize(next);
+      grads.insert(grads.end(), parameterGrads.begin(), parameterGrads.end());
+    }
     // The parameters' gradients wait in the engine's buffers until their accumulators run, which
     // may be after other blocks' recomputes: they are gradients, not this block's activations.
     for (; next < grads.size(); ++next) {
-      recategorize(grads[next], device::MemoryCategory::kGradients);
+      if (grads[next].defined()) recategorize(grads[next], device::MemoryCategory::kGradients);
       out.push_back(grads[next]);
     }
     return out;
@@ -98,8 +110,7 @@ torch::Tensor checkpoint(const Block& block, const torch::Tensor& input,
     if (p.requires_grad()) trainable.push_back(p);
   if (!torch::GradMode::is_enabled() || (trainable.empty() && !input.requires_grad()))
     return block(input);
-  return CheckpointFunction::apply(&block, options.preserveRngState, input,
-                                   at::TensorList(trainable));
+  return CheckpointFunction::apply(&block, &options, input, at::TensorList(trainable));
 }
 
 }  // namespace hetra::train

@@ -25,6 +25,12 @@ struct CheckpointOptions {
   // draws random numbers (dropout) would recompute different activations from those the forward
   // used, and its gradients would be wrong.
   bool preserveRngState = true;
+  // Around backward's recompute of the block (ZeRO-3 gathers the block's parameters before it and
+  // frees them after, train/zero_parallel.h). takeGradients receives the gradients of the
+  // trainable parameters, in order, before they go to their accumulators; it may take them
+  // (leave a tensor undefined and that parameter's accumulator receives nothing).
+  std::function<void()> beforeRecompute;
+  std::function<void(std::vector<torch::Tensor>& gradients)> takeGradients;
 };
 
 // `block(input)`, checkpointed. `parameters` are every tensor the block reads that needs a

@@ -106,6 +106,13 @@ struct ElasticConfig {
   bool operator==(const ElasticConfig&) const = default;
 };
 
+// ZeRO (docs/zero.md): what of the training state each rank keeps only its shard of.
+struct ZeroConfig {
+  int64_t stage = 0;  // 0: data parallel; 1: optimizer state; 2: + gradients; 3: + parameters
+  std::string shards = "memory";  // memory: sized by each device's headroom | even
+  bool operator==(const ZeroConfig&) const = default;
+};
+
 // Islands of the hierarchical allreduce and the costs of its links (comm/topology.h). Empty values
 // leave the choice to the communicator: islands by host and vendor, HETRA_ISLAND_LINK and
 // HETRA_CROSS_LINK for the cost model.
@@ -166,6 +173,7 @@ struct RunConfig {
   TopologyConfig topology;
   LaunchConfig launch;
   ParallelConfig parallel;
+  ZeroConfig zero;
   std::vector<DeviceConfig> devices;
   // Not part of the configuration (ignored by ==, not printed): what validation found questionable
   // but allowed, e.g. more busy threads than cores.
@@ -174,7 +182,7 @@ struct RunConfig {
   bool operator==(const RunConfig& o) const {
     return model == o.model && data == o.data && train == o.train && balance == o.balance &&
            comm == o.comm && elastic == o.elastic && topology == o.topology && launch == o.launch &&
-           parallel == o.parallel && devices == o.devices;
+           parallel == o.parallel && zero == o.zero && devices == o.devices;
   }
 };
 

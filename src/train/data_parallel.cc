@@ -9,6 +9,7 @@
 
 #include "common/errors.h"
 #include "common/logging.h"
+#include "train/gradient_hooks.h"
 
 namespace hetra::train {
 
@@ -94,13 +95,9 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
   for (size_t k = 0; k < params_.size(); ++k) {
     accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[k]));
     HETRA_ENFORCE(accumulators_.back() != nullptr, "parameter ", k, " has no gradient accumulator");
-    hookKeys_.push_back(accumulators_.back()->add_post_hook(
-        std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, k](const torch::autograd::variable_list& outputs,
-                      const torch::autograd::variable_list&) {
-              if (armed_) onReady(k);
-              return outputs;
-            })));
+    hookKeys_.push_back(onGradientAccumulated(*accumulators_.back(), [this, k] {
+      if (armed_) onReady(k);
+    }));
   }
 }
 

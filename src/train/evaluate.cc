@@ -25,7 +25,8 @@ std::pair<int64_t, int64_t> evaluationRange(int64_t total, const balance::Plan& 
 }
 
 Evaluation evaluate(Model& model, const Dataset& test, const balance::Plan& plan,
-                    int64_t globalBatch, comm::Communicator& comm) {
+                    int64_t globalBatch, comm::Communicator& comm,
+                    const std::function<void()>& forwardWithoutSamples) {
   torch::NoGradGuard noGrad;
   const int rank = comm.rank();
   const auto [begin, end] = evaluationRange(test.size(), plan, globalBatch, rank);
@@ -33,6 +34,11 @@ Evaluation evaluate(Model& model, const Dataset& test, const balance::Plan& plan
   const int64_t chunk =
       std::max<int64_t>(1, std::min<int64_t>(1024, plan.ranks[size_t(rank)].microBatch * 2));
   double sums[3] = {0, 0, 0};  // loss, correct, count
+  if (forwardWithoutSamples) {
+    int64_t batches = (end - begin + chunk - 1) / chunk, most = batches;
+    comm.allreduce(&most, &most, 1, DType::I64, comm::ReduceOp::Max)->wait();
+    for (; batches < most; ++batches) forwardWithoutSamples();
+  }
   for (int64_t start = begin; start < end; start += chunk) {
     std::vector<int64_t> indices;
     for (int64_t i = start; i < std::min(end, start + chunk); ++i) indices.push_back(i);

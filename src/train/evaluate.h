@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 
 namespace hetra::comm {
@@ -30,7 +31,11 @@ struct Evaluation {
 
 // Collective: every rank of `comm` calls it with the same `plan` (the balancer's, equal on every
 // rank once its timings are all in); losses and hits are summed over ranks.
+// With `forwardWithoutSamples` every rank runs as many forwards as the rank with the most test
+// batches, calling it for each one it has no batch for: a model whose forward runs collectives
+// (ZeRO-3's gathers, train/zero_parallel.h) needs the same number on every rank.
 Evaluation evaluate(Model& model, const Dataset& test, const balance::Plan& plan,
-                    int64_t globalBatch, comm::Communicator& comm);
+                    int64_t globalBatch, comm::Communicator& comm,
+                    const std::function<void()>& forwardWithoutSamples = {});
 
 }  // namespace hetra::train

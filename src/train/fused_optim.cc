@@ -110,18 +110,46 @@ void adamStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Map& state
       if (!slot) slot = freshAdamState<State>(p);
       auto& s = static_cast<State&>(*slot);
       s.step(s.step() + 1);
-      const double correction1 = 1 - std::pow(beta1, double(s.step()));
-      const double correction2 = 1 - std::pow(beta2, double(s.step()));
-      const auto loop = decay != 0 ? adamLoop<true, kDecoupled> : adamLoop<false, kDecoupled>;
       torch::Tensor& m = s.exp_avg();  // dependent type: name the tensors before data_ptr<float>
       torch::Tensor& v = s.exp_avg_sq();
-      loop(p.data_ptr<float>(), p.grad().data_ptr<float>(), m.data_ptr<float>(),
-           v.data_ptr<float>(), p.numel(), float(decay), float(1 - lr * decay), float(beta1),
-           float(beta2), float(std::sqrt(correction2)), float(options.eps()),
-           float(lr / correction1));
+      AdamUpdate update;
+      update.lr = lr;
+      update.weightDecay = decay;
+      update.beta1 = beta1;
+      update.beta2 = beta2;
+      update.eps = options.eps();
+      update.step = s.step();
+      update.decoupled = kDecoupled;
+      adamUpdate(p.data_ptr<float>(), p.grad().data_ptr<float>(), m.data_ptr<float>(),
+                 v.data_ptr<float>(), p.numel(), update);
     }
   }
 }
+
+}  // namespace
+
+void sgdUpdate(float* params, const float* grads, float* momentumBuffer, int64_t n,
+               const SgdUpdate& u) {
+  const bool momentum = u.momentum != 0;
+  const auto loop = u.weightDecay != 0 ? sgdLoopFor<true>(momentum, u.firstStep, u.nesterov)
+                                       : sgdLoopFor<false>(momentum, u.firstStep, u.nesterov);
+  loop(params, grads, momentumBuffer, n, float(u.lr), float(u.weightDecay), float(u.momentum),
+       float(u.dampening));
+}
+
+void adamUpdate(float* params, const float* grads, float* expAvg, float* expAvgSq, int64_t n,
+                const AdamUpdate& u) {
+  const double correction1 = 1 - std::pow(u.beta1, double(u.step));
+  const double correction2 = 1 - std::pow(u.beta2, double(u.step));
+  const bool decay = u.weightDecay != 0;
+  const auto loop = u.decoupled ? (decay ? adamLoop<true, true> : adamLoop<false, true>)
+                                : (decay ? adamLoop<true, false> : adamLoop<false, false>);
+  loop(params, grads, expAvg, expAvgSq, n, float(u.weightDecay), float(1 - u.lr * u.weightDecay),
+       float(u.beta1), float(u.beta2), float(std::sqrt(correction2)), float(u.eps),
+       float(u.lr / correction1));
+}
+
+namespace {
 
 // Adam's or AdamW's step: the one-pass loop, or LibTorch's own operations (`fallback`) for
 // AMSGrad and for parameters the loop cannot take.
@@ -162,10 +190,14 @@ torch::Tensor FusedSgd::step(LossClosure closure) {
         buffer =
             static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer().data_ptr<float>();
       }
-      const auto loop = decay != 0 ? sgdLoopFor<true>(momentum != 0, first, options.nesterov())
-                                   : sgdLoopFor<false>(momentum != 0, first, options.nesterov());
-      loop(p.data_ptr<float>(), p.grad().data_ptr<float>(), buffer, p.numel(), float(options.lr()),
-           float(decay), float(momentum), float(options.dampening()));
+      SgdUpdate update;
+      update.lr = options.lr();
+      update.weightDecay = decay;
+      update.momentum = momentum;
+      update.dampening = options.dampening();
+      update.nesterov = options.nesterov();
+      update.firstStep = first;
+      sgdUpdate(p.data_ptr<float>(), p.grad().data_ptr<float>(), buffer, p.numel(), update);
     }
   }
   return loss;

@@ -306,15 +306,29 @@ torch::Tensor BlockModel::forwardBlocks(torch::Tensor x, size_t first, size_t la
   HETRA_ENFORCE(first <= last && last <= blocks_.size(), "blocks [", first, ", ", last,
                 ") of a model of ", blocks_.size());
   if (first == 0) x = prologue(std::move(x));
-  for (size_t b = first; b < last; ++b) {
-    const auto& block = blocks_[b];
-    x = checkpointing_ ? checkpoint(block.run, x, block.parameters) : block.run(x);
+  for (size_t i = first; i < last; ++i) {
+    const auto& block = blocks_[i];
+    if (hooks_) {
+      hooks_->beforeBlock(i);
+      x = checkpoint(block.run, x, block.parameters, hookedOptions_[i]);
+      hooks_->afterBlock(i);
+    } else {
+      x = checkpointing_ ? checkpoint(block.run, x, block.parameters) : block.run(x);
+    }
   }
   return x;
 }
 
-const std::vector<torch::Tensor>& BlockModel::blockParameters(size_t block) const {
-  return blocks_.at(block).parameters;
+void BlockModel::setBlockHooks(BlockHooks* hooks) {
+  hooks_ = hooks;
+  hookedOptions_.assign(blocks_.size(), CheckpointOptions{});
+  if (!hooks) return;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    hookedOptions_[i].beforeRecompute = [hooks, i] { hooks->recomputing(i); };
+    hookedOptions_[i].takeGradients = [hooks, i](std::vector<torch::Tensor>& gradients) {
+      hooks->takeGradients(i, gradients);
+    };
+  }
 }
 
 std::vector<std::string> BlockModel::blockNames() const {

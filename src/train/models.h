@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "train/activation_checkpoint.h"
+
 namespace hetra::train {
 
 struct ModelSpec {
@@ -49,6 +51,20 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor x) = 0;
 };
 
+// Called around each block of a BlockModel (ZeRO-3, train/zero_parallel.h, gathers a block's
+// parameters before it runs and frees them after). With hooks every block runs checkpointed
+// (train/activation_checkpoint.h): no activation of a block outlives the block's run, and backward
+// recomputes the block between recomputing() and takeGradients().
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void beforeBlock(size_t block) = 0;  // forward
+  virtual void afterBlock(size_t block) = 0;
+  virtual void recomputing(size_t block) = 0;  // backward, before the block's recompute
+  // After it: the gradients of the block's trainable parameters (CheckpointOptions::takeGradients).
+  virtual void takeGradients(size_t block, std::vector<torch::Tensor>& gradients) = 0;
+};
+
 // A model that is a sequence of named blocks. forward runs the prologue (input checks, reshapes),
 // then each block on the previous one's output, checkpointed (train/activation_checkpoint.h) when
 // checkpointing is on.
@@ -60,7 +76,12 @@ class BlockModel : public Model {
   // One pipeline stage's forward: the prologue when `first` is 0, then blocks [first, last).
   torch::Tensor forwardBlocks(torch::Tensor x, size_t first, size_t last);
   size_t blockCount() const { return blocks_.size(); }
-  const std::vector<torch::Tensor>& blockParameters(size_t block) const;
+  // The parameters block `block` reads, as addBlock named them.
+  const std::vector<torch::Tensor>& blockParameters(size_t block) const {
+    return blocks_.at(block).parameters;
+  }
+  // nullptr removes them; the hooks must outlive their use.
+  void setBlockHooks(BlockHooks* hooks);
 
  protected:
   // `parameters` are those `run` reads (registered by the model as usual).
@@ -76,6 +97,8 @@ class BlockModel : public Model {
   };
   std::vector<NamedBlock> blocks_;
   bool checkpointing_ = false;
+  BlockHooks* hooks_ = nullptr;
+  std::vector<CheckpointOptions> hookedOptions_;  // per block, calling hooks_
 };
 
 // Throws ConfigError naming the field when the spec does not describe a buildable model.

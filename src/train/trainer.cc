@@ -24,6 +24,8 @@
 #include "train/report.h"
 #include "train/sampler.h"
 #include "train/specs.h"
+#include "train/zero_parallel.h"
+#include "train/zero_plan.h"
 
 namespace hetra::train {
 namespace {
@@ -65,6 +67,14 @@ std::vector<int64_t> microBatchSizes(int64_t batch, int64_t accum) {
   return sizes;
 }
 
+// The most micro-batches any rank runs under `plan` (ZeRO-3's gathers follow it on every rank).
+int64_t mostMicroBatches(const balance::Plan& plan) {
+  int64_t most = 0;
+  for (const auto& r : plan.ranks)
+    most = std::max<int64_t>(most, int64_t(microBatchSizes(r.batch, r.accumSteps).size()));
+  return most;
+}
+
 std::vector<int64_t> batchesOf(const balance::Plan& plan) {
   std::vector<int64_t> out;
   for (const auto& r : plan.ranks) out.push_back(r.batch);
@@ -91,6 +101,12 @@ class Run {
         memory_(device_.name, device_.memoryBytes),
         computeClocks_(device::ComputeClocks::ofThisProcess(int(device_.threads))) {
     HETRA_ENFORCE_EQ(size_t(comm_->size()), config.devices.size(), "one rank per device");
+    // A sharded run has no checkpoints yet (config validation refuses checkpoint_every).
+    if (config.zero.stage > 0 && !options.resumeDir.empty())
+      throw ConfigError(str("--resume ", options.resumeDir,
+                            " with zero.stage = ", config.zero.stage,
+                            ": resuming sharded runs is not implemented yet (zero.stage = 0 "
+                            "resumes a data-parallel run)"));
     setComputeThreads(int(device_.threads));
     if (slowdownAt(device_, 0) > 1.0 || !device_.slowdownSchedule.empty())
       device::SlowdownEmulator::tightenTimerSlack();
@@ -102,7 +118,9 @@ class Run {
         comm::parseCompression(config.comm.compression), size_t(config.comm.compressionBlock),
         size_t(config.comm.compressionMinBytes));
     parallelOptions.errorFeedback = config.comm.errorFeedback;
-    {
+    if (config.zero.stage > 0) {
+      makeZero();
+    } else {
       device::MemoryScope buckets(device::MemoryCategory::kCommunication);
       parallel_ = std::make_unique<DataParallel>(model_, comm_, parallelOptions);
     }
@@ -116,17 +134,19 @@ class Run {
       periodic_ = std::make_unique<PeriodicSync>(
           model_, *optimizer_, comm_, periodicSyncOptionsOf(config, totalSteps_, parallelOptions));
     schedule_ = std::make_unique<LrSchedule>(scheduleSpecOf(config.train, totalSteps_));
-    balancer_ = std::make_unique<balance::Balancer>(balancerOptionsOf(config),
-                                                    rankCapsOf(config, footprint_));
-    TrainingParts parts{*model_, *optimizer_, *balancer_, *parallel_};
-    parts.periodic = periodic_.get();
-    checkpoints_.emplace(config, *comm_, parts);
+    balancer_ = std::make_unique<balance::Balancer>(
+        balancerOptionsOf(config), zero_ ? zeroCaps_ : rankCapsOf(config, footprint_));
+    if (!zero_) {
+      TrainingParts parts{*model_, *optimizer_, *balancer_, *parallel_};
+      parts.periodic = periodic_.get();
+      checkpoints_.emplace(config, *comm_, parts);
+    }
     const auto resumed = [&] {
       device::MemoryScope state(device::MemoryCategory::kOptimizerState);  // loaded on resume
-      return checkpoints_->start(options.resumeDir);
+      return zero_ ? RunCheckpoints::Resumed{} : checkpoints_->start(options.resumeDir);
     }();
     startStep_ = resumed.step;
-    if (resumed.dir.empty()) parallel_->broadcastParameters();
+    if (resumed.dir.empty() && !zero_) parallel_->broadcastParameters();
     ReportOptions reportOptions;
     reportOptions.enabled = rank_ == 0;
     reportOptions.metricsPath = options.metricsPath;
@@ -207,8 +227,11 @@ class Run {
       trainData_ = makeDataset(dataSpecOf(config_), /*train=*/true);
       testData_ = makeDataset(dataSpecOf(config_), /*train=*/false);
     }
+    // Under ZeRO the whole model is built in host memory, and only shards reach the device.
+    const auto built = config_.zero.stage > 0 ? device::MemoryCategory::kHostData
+                                              : device::MemoryCategory::kParameters;
     if (options_.makeModel) {
-      device::MemoryScope parameters(device::MemoryCategory::kParameters);
+      device::MemoryScope parameters(built);
       model_ = options_.makeModel();
       HETRA_ENFORCE(model_, "TrainerOptions::makeModel returned no model");
       return;
@@ -219,10 +242,21 @@ class Run {
     HETRA_ENFORCE(geometry == loaded, "dataset shape differs from the one the config implies");
     const ModelSpec spec = modelSpecOf(config_, geometry);
     {
-      device::MemoryScope parameters(device::MemoryCategory::kParameters);
+      device::MemoryScope parameters(built);
       model_ = makeModel(spec);
     }
     footprint_ = estimateFootprint(spec);  // builds a model of its own: host memory, not counted
+  }
+
+  // ZeRO's engine with the plan's shards (train/zero_plan.h); the micro-batch caps that follow.
+  void makeZero() {
+    const ShardedBytes bytes = shardedBytesOf(config_, *model_);
+    ZeroOptions options;
+    options.stage = int(config_.zero.stage);
+    options.optimizer = optimSpecOf(config_.train);
+    options.shardSizes = planShards(config_, bytes, bytes.psi, footprint_.bytesPerSample);
+    zero_ = std::make_unique<ZeroParallel>(model_, comm_, options);
+    zeroCaps_ = shardedRankCaps(config_, bytes, options.shardSizes, footprint_.bytesPerSample);
   }
 
   // The four parts of one data-parallel step (docs/architecture.md); returns its seconds.
@@ -239,6 +273,9 @@ class Run {
     std::vector<double> report(kStatFields, 0.0);
     if (!local || periodic_->takesStep(step)) {
       const auto indices = sampler_->indices(step, batchesOf(plan), rank_);
+      if (zero_)
+        zero_->beginStep(int64_t(microBatchSizes(mine.batch, mine.accumSteps).size()),
+                         mostMicroBatches(plan));
       // 2. k micro-batches of at most m samples, summed gradients; 3. the last backward
       // all-reduces the gradient buckets as they become ready.
       try {
@@ -255,7 +292,7 @@ class Run {
         device::MemoryScope buckets(device::MemoryCategory::kCommunication);
         if (!local) {
           timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients");
-          report[kCommSeconds] = parallel_->finish(1);
+          report[kCommSeconds] = zero_ ? zero_->finish() : parallel_->finish(1);
         }
         memory_.adoptGradients();
       }
@@ -264,11 +301,17 @@ class Run {
       {
         device::MemoryScope state(device::MemoryCategory::kOptimizerState);
         device::ComputeScope segment(emulator_, slowdownAt(device_, step), computeClocks_);
-        if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
-        applyLr(*optimizer_, schedule_->lrAt(step));
-        optimizer_->step();
+        if (zero_) {
+          zero_->updateShard(schedule_->lrAt(step), config_.train.gradClip);
+        } else {
+          if (config_.train.gradClip > 0)
+            clipGradNorm(model_->parameters(), config_.train.gradClip);
+          applyLr(*optimizer_, schedule_->lrAt(step));
+          optimizer_->step();
+        }
       }
-      parallel_->clearGradients();
+      if (zero_) report[kCommSeconds] += zero_->shareParameters();  // not a compute segment
+      if (!zero_) parallel_->clearGradients();
       optimizerSpan.end();
       if (local) periodic_->tookStep(mine.batch);
     }
@@ -338,7 +381,8 @@ class Run {
       forward.end();
       timeline::Span backward(timeline::Lane::Compute, "compute", "backward");
       backward.arg("micro_batch", int64_t(j));
-      if (j + 1 == sizes.size() && !local) parallel_->armLastBackward();
+      if (j + 1 == sizes.size() && !local)
+        zero_ ? zero_->armLastBackward() : parallel_->armLastBackward();
       (loss * lossScale).backward();
       report[kLossSum] += loss.item<double>();
       backward.end();
@@ -422,7 +466,8 @@ class Run {
     timeline::Span span(timeline::Lane::Compute, "eval", "evaluate");
     device::MemoryScope activations(device::MemoryCategory::kActivations);
     const Evaluation e =
-        evaluate(*model_, *testData_, balancer_->plan(), config_.train.globalBatch, *comm_);
+        evaluate(*model_, *testData_, balancer_->plan(), config_.train.globalBatch, *comm_,
+                 zero_ ? [this] { zero_->forwardWithoutSamples(); } : std::function<void()>());
     result.testLoss = e.loss;
     result.testAccuracy = e.accuracy;
     report_->evaluation(step, e.loss, e.accuracy);
@@ -440,7 +485,7 @@ class Run {
     h.trainSamples = trainData_->size();
     h.parameters = parameterCount(*model_);
     h.epochs = sampler_->epochsAfter(totalSteps_);
-    h.buckets = parallel_->bucketCount();
+    h.buckets = zero_ ? 0 : parallel_->bucketCount();
     return h;
   }
 
@@ -454,7 +499,9 @@ class Run {
   std::shared_ptr<const Dataset> trainData_, testData_;
   std::shared_ptr<Model> model_;
   MemoryFootprint footprint_;
-  std::unique_ptr<DataParallel> parallel_;
+  std::unique_ptr<DataParallel> parallel_;  // zero.stage = 0
+  std::unique_ptr<ZeroParallel> zero_;      // zero.stage >= 1 (train/zero_parallel.h)
+  std::vector<balance::RankCaps> zeroCaps_;
   std::unique_ptr<PeriodicSync> periodic_;  // train.sync_every > 1
   struct RoundReport {
     std::vector<double> report;  // summed over the round's local steps (addToRound)
@@ -478,6 +525,7 @@ class Run {
 
 void checkModelFits(const RunConfig& config) {
   if (config.parallel.pipeline > 1) return;  // a stage holds part of it: the partition checks
+  if (config.zero.stage > 0) return;  // shards are planned, and met by the allocator, per rank
   const auto footprint = estimateFootprint(modelSpecOf(config, datasetGeometry(config.data)));
   checkMemoryCaps(config, footprint.fixedBytes, footprint.bytesPerSample);
 }

@@ -237,6 +237,18 @@ const Fields<ParallelConfig>& parallelFields() {
   return fields;
 }
 
+const Fields<ZeroConfig>& zeroFields() {
+  using Z = ZeroConfig;
+  static const Fields<Z> fields = {
+      intField("stage", &Z::stage, within(0, 3),
+               "ZeRO: 0 = data parallel; 1 shards optimizer state, 2 also gradients, 3 also "
+               "parameters"),
+      choiceField("shards", &Z::shards, {"memory", "even"},
+                  "memory (by each device's headroom) | even (FSDP's and DeepSpeed's)"),
+  };
+  return fields;
+}
+
 const Fields<DeviceConfig>& deviceFields() {
   using D = DeviceConfig;
   static const Fields<D> fields = [] {

@@ -20,6 +20,7 @@ const Fields<ElasticConfig>& elasticFields();
 const Fields<TopologyConfig>& topologyFields();
 const Fields<LaunchConfig>& launchFields();
 const Fields<ParallelConfig>& parallelFields();
+const Fields<ZeroConfig>& zeroFields();
 const Fields<DeviceConfig>& deviceFields();  // one [[devices]] entry
 
 // Calls fn(name, member, fields) for each table section of RunConfig, in the order toToml writes
@@ -36,6 +37,7 @@ void forEachSection(Fn&& fn) {
   fn("topology", &RunConfig::topology, topologyFields());
   fn("launch", &RunConfig::launch, launchFields());
   fn("parallel", &RunConfig::parallel, parallelFields());
+  fn("zero", &RunConfig::zero, zeroFields());
 }
 
 // The top-level names of the file: the table sections, then "devices".

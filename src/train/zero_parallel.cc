@@ -1,0 +1,406 @@
+#include "train/zero_parallel.h"
+
+#include <ATen/native/Resize.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "common/errors.h"
+#include "common/timing.h"
+#include "device/memory_accounting.h"
+#include "train/fused_optim.h"
+#include "train/gradient_hooks.h"
+
+namespace hetra::train {
+namespace {
+
+using device::MemoryCategory;
+using device::MemoryScope;
+
+void requireFlatFloat(const torch::Tensor& p) {
+  if (p.scalar_type() != torch::kFloat32 || !p.is_contiguous() || !p.device().is_cpu())
+    throw ConfigError("ZeRO shards contiguous float32 CPU parameters only");
+}
+
+// The storage of `buffer` (a block's flat buffer) grown to hold it, or shrunk to nothing: the
+// tensors that are views of it keep their shapes, so autograd's accumulators and the block's
+// code never notice (PyTorch FSDP frees its flat parameters the same way).
+void resizeStorage(const torch::Tensor& buffer, size_t bytes) {
+  at::native::resize_bytes_cpu(buffer.storage().unsafeGetStorageImpl(), bytes);
+}
+
+// A tensor's floats from `offset`; an empty tensor's (an empty shard's) is a valid address that
+// no collective writes to, its counts being zero.
+float* floats(const torch::Tensor& t, int64_t offset = 0) {
+  static float none = 0;
+  return !t.defined() || t.numel() == 0 ? &none : t.data_ptr<float>() + offset;
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> flatParameters(Model& model) {
+  std::vector<torch::Tensor> params;
+  std::unordered_set<const void*> seen;
+  auto add = [&](const torch::Tensor& p) {
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) return;
+    requireFlatFloat(p);
+    params.push_back(p);
+  };
+  if (auto* blocks = dynamic_cast<BlockModel*>(&model)) {
+    for (size_t b = 0; b < blocks->blockCount(); ++b)
+      for (const auto& p : blocks->blockParameters(b)) add(p);
+    for (const auto& p : model.parameters())
+      if (p.requires_grad() && !seen.count(p.unsafeGetTensorImpl()))
+        throw ConfigError("a parameter of the model belongs to no block: ZeRO cannot place it");
+  } else {
+    for (const auto& p : model.parameters()) add(p);
+  }
+  return params;
+}
+
+namespace {
+
+std::vector<int64_t> sizesOf(const std::vector<torch::Tensor>& params) {
+  std::vector<int64_t> sizes;
+  for (const auto& p : params) sizes.push_back(p.numel());
+  return sizes;
+}
+
+int64_t totalOf(const std::vector<int64_t>& sizes) {
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  return total;
+}
+
+std::vector<int64_t> shardSizesFor(const ZeroOptions& options, int64_t total, int ranks) {
+  if (!options.shardSizes.empty()) return options.shardSizes;
+  return proportionalShards(total, std::vector<double>(size_t(ranks), 1.0));
+}
+
+}  // namespace
+
+ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::Communicator> comm,
+                           ZeroOptions options)
+    : model_(std::move(model)),
+      blocks_(dynamic_cast<BlockModel*>(model_.get())),
+      comm_(std::move(comm)),
+      stage_(options.stage),
+      optimizer_(options.optimizer),
+      params_(flatParameters(*model_)),
+      layout_(sizesOf(params_), shardSizesFor(options, totalOf(sizesOf(params_)), comm_->size())) {
+  if (stage_ < 1 || stage_ > 3)
+    throw ConfigError(str("zero.stage = ", stage_, " is not a sharded stage; allowed: 1, 2, 3"));
+  if (stage_ == 3 && !blocks_)
+    throw ConfigError("zero.stage = 3 needs a model built from blocks (train/models.h BlockModel)");
+  if (optimizer_.name != "sgd" && optimizer_.name != "adam" && optimizer_.name != "adamw")
+    throw ConfigError(str("train.optimizer = \"", optimizer_.name,
+                          "\" is not sharded by ZeRO; allowed: sgd, adam, adamw"));
+  if (layout_.ranks() != comm_->size())
+    throw ConfigError(str("ZeRO: ", layout_.ranks(), " shards for a group of ", comm_->size()));
+  shard_ = layout_.shard(comm_->rank());
+  torch::NoGradGuard noGrad;
+  // Rank 0's values everywhere, while every rank still holds the whole model.
+  std::vector<comm::WorkPtr> works;
+  for (auto& p : params_)
+    works.push_back(comm_->broadcast(p.data_ptr(), size_t(p.numel()), DType::F32, 0));
+  for (auto& b : model_->buffers())
+    if (b.scalar_type() == torch::kFloat32 && b.is_contiguous())
+      works.push_back(comm_->broadcast(b.data_ptr(), size_t(b.numel()), DType::F32, 0));
+  for (auto& w : works) w->wait();
+
+  const int64_t shardSize = shard_.size();
+  if (stage_ < 3) {
+    {
+      MemoryScope parameters(MemoryCategory::kParameters);
+      flat_ = torch::empty({layout_.total()}, torch::kFloat32);
+    }
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const FlatRange t = layout_.tensor(k);
+      auto view = flat_.narrow(0, t.begin, t.size()).view(params_[k].sizes());
+      view.copy_(params_[k]);
+      params_[k].set_data(view);  // the model's own copy goes
+    }
+  }
+  if (stage_ == 1) {
+    {
+      MemoryScope gradients(MemoryCategory::kGradients);
+      flatGradient_ = torch::zeros({layout_.total()}, torch::kFloat32);
+    }
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const FlatRange t = layout_.tensor(k);
+      params_[k].mutable_grad() = flatGradient_.narrow(0, t.begin, t.size()).view_as(params_[k]);
+    }
+  } else {
+    MemoryScope gradients(MemoryCategory::kGradients);
+    shardGradient_ = torch::zeros({shardSize}, torch::kFloat32);
+  }
+  if (stage_ == 3) {
+    {
+      MemoryScope parameters(MemoryCategory::kParameters);
+      shardParams_ = torch::empty({shardSize}, torch::kFloat32);
+    }
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const FlatRange t = layout_.tensor(k), piece = intersect(shard_, t);
+      if (piece.size() == 0) continue;
+      shardParams_.narrow(0, piece.begin - shard_.begin, piece.size())
+          .copy_(params_[k].reshape({-1}).narrow(0, piece.begin - t.begin, piece.size()));
+    }
+    size_t next = 0;  // flatParameters lists the blocks' tensors in block order
+    for (size_t b = 0; b < blocks_->blockCount(); ++b) {
+      const int64_t begin = next < params_.size() ? layout_.tensor(next).begin : layout_.total();
+      std::vector<size_t> tensors;
+      for (const auto& p : blocks_->blockParameters(b))
+        if (next < params_.size() && p.unsafeGetTensorImpl() == params_[next].unsafeGetTensorImpl())
+          tensors.push_back(next++);
+      const int64_t end = next < params_.size() ? layout_.tensor(next).begin : layout_.total();
+      torch::Tensor buffer;
+      {
+        MemoryScope parameters(MemoryCategory::kParameters);
+        buffer = torch::empty({end - begin}, torch::kFloat32);
+      }
+      for (size_t k : tensors) {
+        const FlatRange t = layout_.tensor(k);
+        params_[k].set_data(buffer.narrow(0, t.begin - begin, t.size()).view(params_[k].sizes()));
+      }
+      resizeStorage(buffer, 0);
+      blockRange_.push_back({begin, end});
+      blockTensors_.push_back(std::move(tensors));
+      blockBuffer_.push_back(std::move(buffer));
+    }
+    HETRA_ENFORCE_EQ(next, params_.size(), "every parameter in one block");
+    blocks_->setBlockHooks(this);
+  }
+  {
+    MemoryScope state(MemoryCategory::kOptimizerState);
+    if (optimizer_.name == "sgd" && optimizer_.momentum != 0)
+      state1_ = torch::zeros({shardSize}, torch::kFloat32);
+    if (optimizer_.name != "sgd") {
+      state1_ = torch::zeros({shardSize}, torch::kFloat32);
+      state2_ = torch::zeros({shardSize}, torch::kFloat32);
+    }
+  }
+  reduced_.assign(params_.size(), false);
+  if (stage_ == 2)
+    for (size_t k = 0; k < params_.size(); ++k) {
+      accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[k]));
+      HETRA_ENFORCE(accumulators_.back() != nullptr, "parameter ", k, " has no accumulator");
+      hookKeys_.push_back(onGradientAccumulated(*accumulators_.back(), [this, k] {
+        if (armed_) onReady(k);
+      }));
+    }
+}
+
+ZeroParallel::~ZeroParallel() {
+  for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hookKeys_[k]);
+  if (blocks_ && stage_ == 3) blocks_->setBlockHooks(nullptr);
+}
+
+int64_t ZeroParallel::offsetInShard(FlatRange range) const {
+  const FlatRange piece = intersect(shard_, range);
+  return piece.size() > 0 ? piece.begin - shard_.begin : 0;
+}
+
+void ZeroParallel::gather(size_t block) {
+  const FlatRange range = blockRange_[block];
+  const torch::Tensor& buffer = blockBuffer_[block];
+  {
+    MemoryScope parameters(MemoryCategory::kParameters);
+    resizeStorage(buffer, size_t(range.size()) * sizeof(float));
+  }
+  const auto start = Clock::now();
+  comm_
+      ->allgather(floats(shardParams_, offsetInShard(range)), floats(buffer),
+                  layout_.countsOf(range), DType::F32)
+      ->wait();
+  waited_ += secondsSince(start);
+}
+
+void ZeroParallel::release(size_t block) {
+  resizeStorage(blockBuffer_[block], 0);
+}
+
+void ZeroParallel::reduceIntoShard(size_t k, const torch::Tensor& gradient) {
+  HETRA_ENFORCE(gradient.is_contiguous() && gradient.numel() == params_[k].numel(),
+                "gradient of parameter ", k);
+  const FlatRange t = layout_.tensor(k);
+  float* out = stage_ == 1 ? floats(flatGradient_, intersect(shard_, t).begin)
+                           : floats(shardGradient_, offsetInShard(t));
+  const auto start = Clock::now();
+  comm_
+      ->reduceScatter(gradient.data_ptr<float>(), out, layout_.countsOf(t), DType::F32,
+                      comm::ReduceOp::Sum)
+      ->wait();
+  waited_ += secondsSince(start);
+  reduced_[k] = true;
+}
+
+void ZeroParallel::onReady(size_t k) {
+  ready_[k] = true;  // reduced below, in reverse flat order
+  const size_t n = params_.size();
+  while (nextLaunch_ < n && ready_[n - 1 - nextLaunch_]) {
+    const size_t next = n - 1 - nextLaunch_++;
+    auto& grad = params_[next].mutable_grad();
+    if (!grad.defined()) grad = torch::zeros_like(params_[next]);
+    if (!grad.is_contiguous()) grad = grad.contiguous();
+    reduceIntoShard(next, grad);
+    grad = torch::Tensor();  // only the shard's part stays
+  }
+}
+
+void ZeroParallel::takeGradients(size_t block, std::vector<torch::Tensor>& gradients) {
+  release(block);
+  if (!armed_) return;  // accumulated in .grad until the last micro-batch
+  torch::NoGradGuard noGrad;
+  const auto& tensors = blockTensors_[block];
+  HETRA_ENFORCE_EQ(gradients.size(), tensors.size(), "gradients of block ", block);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto& grad = params_[tensors[i]].mutable_grad();
+    // The sum DataParallel's accumulator would form: earlier micro-batches' plus this one's.
+    torch::Tensor total =
+        gradients[i].defined() ? gradients[i] : torch::zeros_like(params_[tensors[i]]);
+    if (grad.defined()) total = grad + total;
+    reduceIntoShard(tensors[i], total.contiguous());
+    grad = torch::Tensor();
+    gradients[i] = torch::Tensor();
+  }
+}
+
+void ZeroParallel::idleRound(bool last) {
+  torch::NoGradGuard noGrad;
+  for (size_t b = 0; b < blockRange_.size(); ++b) {
+    gather(b);
+    release(b);
+  }
+  for (size_t b = blockRange_.size(); b-- > 0;) {
+    gather(b);
+    release(b);
+    if (!last) continue;
+    for (size_t k : blockTensors_[b]) {
+      auto& grad = params_[k].mutable_grad();
+      reduceIntoShard(k, grad.defined() ? grad.contiguous() : torch::zeros_like(params_[k]));
+      grad = torch::Tensor();
+    }
+  }
+}
+
+void ZeroParallel::beginStep(int64_t mine, int64_t most) {
+  HETRA_ENFORCE(mine >= 0 && mine <= most, "micro-batches: ", mine, " of at most ", most);
+  waited_ = 0;
+  if (stage_ == 3)
+    for (int64_t round = std::max<int64_t>(mine, 1); round < most; ++round) idleRound(false);
+}
+
+void ZeroParallel::armLastBackward() {
+  reduced_.assign(params_.size(), false);
+  ready_.assign(params_.size(), false);
+  nextLaunch_ = 0;
+  armed_ = true;
+}
+
+double ZeroParallel::finish() {
+  torch::NoGradGuard noGrad;
+  const bool hadSamples = armed_;
+  if (!armed_) armLastBackward();
+  if (stage_ == 1) {
+    for (size_t k = params_.size(); k-- > 0;)
+      reduceIntoShard(k, flatGradient_.narrow(0, layout_.tensor(k).begin, params_[k].numel()));
+  } else if (stage_ == 2) {
+    for (size_t k = params_.size(); k-- > 0;)
+      if (!ready_[k]) onReady(k);  // unused, or no samples: what accumulated, or zeros
+  } else if (!hadSamples) {
+    idleRound(true);
+  }
+  armed_ = false;
+  for (size_t k = 0; k < params_.size(); ++k)
+    HETRA_ENFORCE(reduced_[k], "the gradient of parameter ", k, " was never reduced");
+  return waited_;
+}
+
+torch::Tensor ZeroParallel::shardParameters() const {
+  return stage_ == 3 ? shardParams_ : flat_.narrow(0, shard_.begin, shard_.size());
+}
+
+torch::Tensor ZeroParallel::shardGradients() const {
+  return stage_ == 1 ? flatGradient_.narrow(0, shard_.begin, shard_.size()) : shardGradient_;
+}
+
+double ZeroParallel::updateShard(double lr, double gradClip) {
+  torch::NoGradGuard noGrad;
+  const torch::Tensor grads = shardGradients();
+  double norm = 0;
+  if (gradClip > 0) {
+    // The norm over every rank's shard, as LibTorch's clip_grad_norm_ scales: by
+    // gradClip / (norm + 1e-6) when that is below 1.
+    double squares = 0;
+    const float* g = floats(grads);
+    for (int64_t i = 0; i < grads.numel(); ++i) squares += double(g[i]) * double(g[i]);
+    comm_->allreduce(&squares, &squares, 1, DType::F64, comm::ReduceOp::Sum)->wait();
+    norm = std::sqrt(squares);
+    const double coefficient = gradClip / (norm + 1e-6);
+    if (coefficient < 1) grads.mul_(coefficient);
+  }
+  update(lr);
+  if (stage_ == 1) flatGradient_.zero_();  // the next step accumulates from zero
+  return norm;
+}
+
+double ZeroParallel::shareParameters() {
+  if (stage_ == 3) return 0;
+  const auto start = Clock::now();
+  const auto counts = layout_.countsOf({0, layout_.total()});
+  comm_->allgather(floats(flat_, shard_.begin), floats(flat_), counts, DType::F32)->wait();
+  return secondsSince(start);
+}
+
+void ZeroParallel::update(double lr) {
+  const torch::Tensor params = shardParameters(), grads = shardGradients();
+  const int64_t n = params.numel();
+  ++steps_;
+  if (optimizer_.name == "sgd") {
+    SgdUpdate u;
+    u.lr = lr;
+    u.weightDecay = optimizer_.weightDecay;
+    u.momentum = optimizer_.momentum;
+    u.nesterov = optimizer_.nesterov;
+    u.firstStep = steps_ == 1;
+    sgdUpdate(floats(params), floats(grads), state1_.defined() ? floats(state1_) : nullptr, n, u);
+    return;
+  }
+  AdamUpdate u;
+  u.lr = lr;
+  u.weightDecay = optimizer_.weightDecay;
+  u.beta1 = optimizer_.beta1;
+  u.beta2 = optimizer_.beta2;
+  u.eps = optimizer_.eps;
+  u.step = steps_;
+  u.decoupled = optimizer_.name == "adamw";
+  adamUpdate(floats(params), floats(grads), floats(state1_), floats(state2_), n, u);
+}
+
+void ZeroParallel::forwardWithoutSamples() {
+  if (stage_ != 3) return;
+  for (size_t b = 0; b < blockRange_.size(); ++b) {
+    gather(b);
+    release(b);
+  }
+}
+
+std::vector<torch::Tensor> ZeroParallel::gatherParameters() {
+  torch::NoGradGuard noGrad;
+  std::vector<torch::Tensor> out(params_.size());
+  if (stage_ < 3) {
+    for (size_t k = 0; k < params_.size(); ++k) out[k] = params_[k].clone();
+    return out;
+  }
+  for (size_t b = 0; b < blockRange_.size(); ++b) {
+    gather(b);
+    for (size_t k : blockTensors_[b]) out[k] = params_[k].clone();
+    release(b);
+  }
+  return out;
+}
+
+}  // namespace hetra::train

@@ -1,0 +1,152 @@
+// ZeroParallel: ZeRO stages 1, 2 and 3 over one flat float32 parameter space in uneven shards
+// (train/zero_layout.h), the sharded counterpart of DataParallel (docs/zero.md).
+//
+//   stage 1  every rank keeps all parameters and a flat gradient buffer that the parameters'
+//            .grad are views of; after the step's backward each tensor's gradient is
+//            reduce-scattered in place, each rank updates its own shard with the one-pass
+//            optimizer loops (train/fused_optim.h), keeping optimizer state for its shard only,
+//            and the parameters are all-gathered in place.
+//   stage 2  the same, but a rank keeps gradients for its shard only: in the step's last
+//            backward each tensor's gradient is reduce-scattered into the shard as soon as
+//            autograd has accumulated it, and freed.
+//   stage 3  also the parameters: a rank keeps its shard; a BlockModel's block is all-gathered
+//            into the block's own buffer just before it runs and freed after it, in forward and
+//            again for backward, which recomputes it (the blocks run checkpointed); the block's
+//            gradients are reduce-scattered into the shard as the recompute produces them.
+//
+// Uneven accumulation: ranks run different numbers of micro-batches, yet every rank issues the
+// same collectives in the same order, and no rank contributes a gradient twice:
+//   - gradients stay whole, in .grad, through micro-batches 1..k-1 (memory: the full gradient,
+//     4 bytes per parameter, on a rank that accumulates); only the step's last backward
+//     reduce-scatters them, one tensor at a time in a fixed order (stage 1: after backward;
+//     stage 2: reverse flat order, each as soon as it and those before it are ready; stage 3:
+//     block by block, in backward's order). A rank without samples contributes zeros in finish().
+//   - stage 3's gathers happen in every micro-batch: a rank with k micro-batches first runs
+//     most - max(k, 1) *idle rounds* (each block gathered and freed as a forward and a backward
+//     would, without compute; beginStep), so that every rank runs `most` rounds, the last of
+//     them with the reduce-scatters. A rank without samples runs that last round in finish().
+//   - evaluation: a rank with fewer test batches than another runs forwardWithoutSamples() for
+//     each batch it lacks (stage 3 only gathers; the others do nothing).
+//
+// Use per step: beginStep(mine, most); micro-batches 1..k-1 with plain backward;
+// armLastBackward() before the last backward; finish(); step(lr, clip). The constructor makes
+// every rank's parameters rank 0's (a collective). After it, the model's parameters live here:
+// under stage 3 they have no storage outside the blocks' runs; keep this object for the model's
+// lifetime.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "train/models.h"
+#include "train/optim.h"
+#include "train/zero_layout.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace hetra::train {
+
+struct ZeroOptions {
+  int stage = 1;                    // 1, 2 or 3
+  std::vector<int64_t> shardSizes;  // elements per rank, aligned (zero_layout.h); empty: even
+  OptimSpec optimizer;              // sgd, adam or adamw (makeOptimizer's options)
+};
+
+// The trainable parameters of `model` in flat order: a BlockModel's block by block (each once),
+// any other model's in registration order. ConfigError for a parameter that is not contiguous
+// float32, or a BlockModel parameter in no block.
+std::vector<torch::Tensor> flatParameters(Model& model);
+
+class ZeroParallel : private BlockHooks {
+ public:
+  // ConfigError for stage 3 without a BlockModel, for a layout that does not fit the model or
+  // the group, or an optimizer other than sgd, adam and adamw.
+  ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::Communicator> comm,
+               ZeroOptions options);
+  ~ZeroParallel() override;
+  ZeroParallel(const ZeroParallel&) = delete;
+  ZeroParallel& operator=(const ZeroParallel&) = delete;
+
+  int stage() const { return stage_; }
+  const ShardLayout& layout() const { return layout_; }
+
+  // The step's micro-batches: this rank's and the most any rank runs (alike on every rank).
+  void beginStep(int64_t mine, int64_t most);
+  // The next backward is the step's last.
+  void armLastBackward();
+  // Reduces what was not reduced during backward into the shard's gradients (the sum over all
+  // ranks; losses are already divided by the global batch). Returns the seconds spent waiting for
+  // communication, in backward and here.
+  double finish();
+  // Clips the global gradient norm to gradClip (0: off) and updates this rank's shard with
+  // learning rate lr: the optimizer's compute segment. Returns the norm before clipping (0 when
+  // not clipping).
+  double updateShard(double lr, double gradClip);
+  // Stages 1 and 2: all-gathers the updated parameters (stage 3 gathers them block by block when
+  // they are used). Returns the seconds it took.
+  double shareParameters();
+  // updateShard, then shareParameters.
+  double step(double lr, double gradClip) {
+    const double norm = updateShard(lr, gradClip);
+    shareParameters();
+    return norm;
+  }
+  // Stage 3: every block gathered and freed, as a forward of a rank with samples does.
+  void forwardWithoutSamples();
+  // Every parameter's current value, in flat order (a collective under stage 3).
+  std::vector<torch::Tensor> gatherParameters();
+
+ private:
+  void beforeBlock(size_t block) override { gather(block); }
+  void afterBlock(size_t block) override { release(block); }
+  void recomputing(size_t block) override { gather(block); }
+  void takeGradients(size_t block, std::vector<torch::Tensor>& gradients) override;
+
+  // Where this rank's piece of `range` starts in its shard (0 for an empty piece).
+  int64_t offsetInShard(FlatRange range) const;
+  void gather(size_t block);
+  void release(size_t block);
+  void idleRound(bool last);
+  // Reduce-scatters `gradient` (tensor k's whole gradient, contiguous) into the shard's part of k.
+  void reduceIntoShard(size_t k, const torch::Tensor& gradient);
+  void onReady(size_t k);
+  torch::Tensor shardParameters() const;
+  torch::Tensor shardGradients() const;
+  void update(double lr);
+
+  std::shared_ptr<Model> model_;
+  BlockModel* blocks_ = nullptr;  // model_ as a BlockModel, or nullptr
+  std::shared_ptr<comm::Communicator> comm_;
+  int stage_;
+  OptimSpec optimizer_;
+  std::vector<torch::Tensor> params_;  // flat order
+  ShardLayout layout_;
+  FlatRange shard_;
+  torch::Tensor flat_;           // stages 1, 2: every parameter; they are views of it
+  torch::Tensor flatGradient_;   // stage 1: every gradient; the .grad are views of it
+  torch::Tensor shardGradient_;  // stages 2, 3
+  torch::Tensor shardParams_;    // stage 3
+  // Stage 3: per block, its flat range, its tensors (indices into params_) and the buffer they
+  // are views of, without storage outside the block's runs.
+  std::vector<FlatRange> blockRange_;
+  std::vector<std::vector<size_t>> blockTensors_;
+  std::vector<torch::Tensor> blockBuffer_;
+  // Optimizer state of the shard: sgd's momentum buffer, or adam's two moments.
+  torch::Tensor state1_, state2_;
+  int64_t steps_ = 0;
+  // Stage 2: accumulator hooks, as DataParallel's.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hookKeys_;
+  std::vector<bool> reduced_;  // tensor k's gradient is in the shard this step
+  std::vector<bool> ready_;    // stage 2: autograd has accumulated tensor k's gradient
+  size_t nextLaunch_ = 0;      // stage 2: reverse flat order
+  bool armed_ = false;
+  double waited_ = 0;
+};
+
+}  // namespace hetra::train
