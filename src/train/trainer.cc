@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "balance/balancer.h"
@@ -47,16 +48,6 @@ enum StatField {
   kFixedFields = kMemoryFirst + int(device::kMemoryCategories)
 };
 constexpr size_t kStatFields = kFixedFields + 2 * kMaxObservations;
-
-// A device of N threads must use N cores, also inside BLAS: OpenBLAS keeps its own thread pool,
-// sized for the whole machine and spinning between calls, which LibTorch's set_num_threads does not
-// touch. Looked up at run time, so other BLAS libraries simply skip this.
-void setComputeThreads(int threads) {
-  torch::set_num_threads(threads);
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    set(threads);
-}
 
 // Splits b samples into k micro-batches as even as possible (sizes differ by at most one).
 std::vector<int64_t> microBatchSizes(int64_t batch, int64_t accum) {
@@ -219,14 +210,7 @@ class Run {
   // A program's own data and model (TrainerOptions) replace the config's. A custom model's
   // footprint stays unknown (zero), which rankCapsOf reads as no cap.
   void makeDataAndModel() {
-    if (options_.makeDataset) {
-      trainData_ = options_.makeDataset(/*train=*/true);
-      testData_ = options_.makeDataset(/*train=*/false);
-      HETRA_ENFORCE(trainData_ && testData_, "TrainerOptions::makeDataset returned no dataset");
-    } else {
-      trainData_ = makeDataset(dataSpecOf(config_), /*train=*/true);
-      testData_ = makeDataset(dataSpecOf(config_), /*train=*/false);
-    }
+    std::tie(trainData_, testData_) = loadTrainAndTestData(config_, options_);
     // Under ZeRO the whole model is built in host memory, and only shards reach the device.
     const auto built = config_.zero.stage > 0 ? device::MemoryCategory::kHostData
                                               : device::MemoryCategory::kParameters;
@@ -522,6 +506,27 @@ class Run {
 };
 
 }  // namespace
+
+// A device of N threads must use N cores, also inside BLAS: OpenBLAS keeps its own thread pool,
+// sized for the whole machine and spinning between calls, which LibTorch's set_num_threads does not
+// touch. Looked up at run time, so other BLAS libraries simply skip this.
+void setComputeThreads(int threads) {
+  torch::set_num_threads(threads);
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    set(threads);
+}
+
+std::pair<std::shared_ptr<const Dataset>, std::shared_ptr<const Dataset>> loadTrainAndTestData(
+    const RunConfig& config, const TrainerOptions& options) {
+  if (!options.makeDataset)
+    return {makeDataset(dataSpecOf(config), /*train=*/true),
+            makeDataset(dataSpecOf(config), /*train=*/false)};
+  auto data =
+      std::make_pair(options.makeDataset(/*train=*/true), options.makeDataset(/*train=*/false));
+  HETRA_ENFORCE(data.first && data.second, "TrainerOptions::makeDataset returned no dataset");
+  return data;
+}
 
 void checkModelFits(const RunConfig& config) {
   if (config.parallel.pipeline > 1) return;  // a stage holds part of it: the partition checks

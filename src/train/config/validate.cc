@@ -267,25 +267,27 @@ void checkPipeline(const Check& check) {
   refuse(c.comm.compression != "none", "comm.compression", quote(c.comm.compression));
   refuse(c.elastic.maxRestarts > 0, "elastic.max_restarts", std::to_string(c.elastic.maxRestarts));
   refuse(c.zero.stage > 0, "zero.stage", std::to_string(c.zero.stage));
-  // What sharded training (train/zero_parallel.h) does not do yet is refused here, by name, rather
-  // than trained wrongly.
-  void checkZero(const Check& check) {
-    const RunConfig& c = check.c;
-    if (c.zero.stage == 0) return;
-    const std::string stage = std::to_string(c.zero.stage);
-    if (c.train.checkpointEvery > 0)
-      check.fail("zero.stage", stage,
-                 "checkpoints of sharded runs are not implemented yet: set train.checkpoint_every "
-                 "= 0, or zero.stage = 0");
-    if (c.train.syncEvery > 1)
-      check.fail("zero.stage", stage,
-                 "periodic averaging (train.sync_every > 1) keeps whole replicas: set "
-                 "train.sync_every = 1, or zero.stage = 0");
-    if (c.comm.compression != "none")
-      check.fail("zero.stage", stage,
-                 "sharded gradients travel as float32: set comm.compression = \"none\", or "
-                 "zero.stage = 0");
-  }
+}
+
+// What sharded training (train/zero_parallel.h) does not do yet is refused here, by name, rather
+// than trained wrongly.
+void checkZero(const Check& check) {
+  const RunConfig& c = check.c;
+  if (c.zero.stage == 0) return;
+  const std::string stage = std::to_string(c.zero.stage);
+  if (c.train.checkpointEvery > 0)
+    check.fail("zero.stage", stage,
+               "checkpoints of sharded runs are not implemented yet: set train.checkpoint_every "
+               "= 0, or zero.stage = 0");
+  if (c.train.syncEvery > 1)
+    check.fail("zero.stage", stage,
+               "periodic averaging (train.sync_every > 1) keeps whole replicas: set "
+               "train.sync_every = 1, or zero.stage = 0");
+  if (c.comm.compression != "none")
+    check.fail("zero.stage", stage,
+               "sharded gradients travel as float32: set comm.compression = \"none\", or "
+               "zero.stage = 0");
+}
 
 }  // namespace
 

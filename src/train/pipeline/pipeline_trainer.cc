@@ -1,10 +1,9 @@
 #include "train/pipeline/pipeline_trainer.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <tuple>
 
 #include "balance/pipeline_partition.h"
 #include "common/errors.h"
@@ -112,13 +111,6 @@ double evenStepSeconds(const balance::PipelineCosts& costs) {
 
 // LibTorch's threads and OpenBLAS's own pool (see trainer.cc: OpenBLAS sizes its pool for the
 // whole machine otherwise).
-void useThreads(int threads) {
-  torch::set_num_threads(threads);
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    set(threads);
-}
-
 class PipelineRun {
  public:
   PipelineRun(const RunConfig& config, std::shared_ptr<comm::Communicator> comm,
@@ -130,7 +122,7 @@ class PipelineRun {
         memory_(device_.name, device_.memoryBytes),
         compute_(int(device_.threads)) {
     HETRA_ENFORCE_EQ(int64_t(comm_->size()), config.parallel.pipeline, "one rank per stage");
-    useThreads(int(device_.threads));
+    setComputeThreads(int(device_.threads));
     if (slowdownAt(device_, 0) > 1.0 || !device_.slowdownSchedule.empty())
       device::SlowdownEmulator::tightenTimerSlack();
     makeDataAndModel(options);
@@ -182,14 +174,7 @@ class PipelineRun {
 
  private:
   void makeDataAndModel(const TrainerOptions& options) {
-    if (options.makeDataset) {
-      trainData_ = options.makeDataset(/*train=*/true);
-      testData_ = options.makeDataset(/*train=*/false);
-      HETRA_ENFORCE(trainData_ && testData_, "TrainerOptions::makeDataset returned no dataset");
-    } else {
-      trainData_ = makeDataset(dataSpecOf(config_), /*train=*/true);
-      testData_ = makeDataset(dataSpecOf(config_), /*train=*/false);
-    }
+    std::tie(trainData_, testData_) = loadTrainAndTestData(config_, options);
     // The whole model, in host memory: only the stage's blocks become device memory.
     device::MemoryScope host(device::MemoryCategory::kHostData);
     if (options.makeModel) {
@@ -360,7 +345,7 @@ std::string formatMillis(double seconds) {
 
 std::string predictedPipeline(const RunConfig& config) {
   if (config.parallel.pipeline <= 1) return "";
-  useThreads(1);  // as a device of one thread; LibTorch's default takes every core here
+  setComputeThreads(1);  // as a device of one thread; LibTorch's default takes every core here
   DeviceMemory memory("print-config", 0);  // counts the profile's activations
   device::MemoryScope host(device::MemoryCategory::kHostData);
   auto data = makeDataset(dataSpecOf(config), /*train=*/true);
