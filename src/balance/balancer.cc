@@ -175,6 +175,28 @@ Balancer::Balancer(BalancerOptions options, std::vector<RankCaps> caps)
                                               : "initial: equal split, nothing measured yet";
 }
 
+bool Balancer::setMaxMicroBatch(int rank, int64_t maxMicroBatch) {
+  HETRA_ENFORCE(rank >= 0 && rank < ranks(), "rank ", rank, " of ", ranks());
+  HETRA_ENFORCE_GE(maxMicroBatch, 1, "rank ", rank, "'s micro-batch bound");
+  const int64_t cap = std::min(maxMicroBatch, options_.globalBatch);
+  if (caps_[size_t(rank)] == cap) return false;
+  caps_[size_t(rank)] = cap;
+  std::vector<int64_t> shares;
+  for (const auto& r : plan_.ranks) shares.push_back(r.batch);
+  Plan replanned = makePlan(shares);
+  replanned.version = plan_.version;
+  replanned.reason = std::move(plan_.reason);
+  plan_ = std::move(replanned);
+  HETRA_INFO(kSubsys, "rank ", rank, ": micro-batches of at most ", cap,
+             " samples (measured memory)");
+  return true;
+}
+
+int64_t Balancer::maxMicroBatch(int rank) const {
+  HETRA_ENFORCE(rank >= 0 && rank < ranks(), "rank ", rank, " of ", ranks());
+  return caps_[size_t(rank)];
+}
+
 const CostModel& Balancer::cost(int rank) const {
   HETRA_ENFORCE(rank >= 0 && rank < ranks(), "rank ", rank, " of ", ranks());
   return models_[size_t(rank)].cost();
