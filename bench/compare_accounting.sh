@@ -16,7 +16,7 @@ OUT=${OUT:-bench/out/accounting}
 mkdir -p "$OUT"
 
 sets=(--set devices.2.memory=unlimited --set train.log_every=0)
-[[ -n ${STEPS:-} ]] && sets+=(--set train.steps="$STEPS" --set train.eval_every=0)
+[[ -n ${STEPS:-} ]] && sets+=(--set train.steps="$STEPS" --set train.warmup_steps=$((STEPS / 4)) --set train.eval_every=0)
 
 # samples_per_s ACCOUNTING NAME: one whole run; prints its samples/s.
 samples_per_s() {
