@@ -181,12 +181,7 @@ bool Balancer::setMaxMicroBatch(int rank, int64_t maxMicroBatch) {
   const int64_t cap = std::min(maxMicroBatch, options_.globalBatch);
   if (caps_[size_t(rank)] == cap) return false;
   caps_[size_t(rank)] = cap;
-  std::vector<int64_t> shares;
-  for (const auto& r : plan_.ranks) shares.push_back(r.batch);
-  Plan replanned = makePlan(shares);
-  replanned.version = plan_.version;
-  replanned.reason = std::move(plan_.reason);
-  plan_ = std::move(replanned);
+  refreshPlan();
   HETRA_INFO(kSubsys, "rank ", rank, ": micro-batches of at most ", cap,
              " samples (measured memory)");
   return true;
@@ -266,6 +261,15 @@ Plan Balancer::makePlan(const std::vector<int64_t>& shares) const {
   return p;
 }
 
+void Balancer::refreshPlan() {
+  std::vector<int64_t> shares;
+  for (const auto& r : plan_.ranks) shares.push_back(r.batch);
+  Plan refreshed = makePlan(shares);
+  refreshed.version = plan_.version;
+  refreshed.reason = std::move(plan_.reason);
+  plan_ = std::move(refreshed);
+}
+
 void Balancer::adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason) {
   const int64_t version = plan_.version + 1;
   plan_ = makePlan(shares);
@@ -285,15 +289,7 @@ bool Balancer::endStep(int64_t step) {
     pending_[i].clear();
   }
 
-  // Refresh the predictions of the current split (not a change: version and reason stay).
-  std::vector<int64_t> shares;
-  for (const auto& r : plan_.ranks) shares.push_back(r.batch);
-  {
-    Plan refreshed = makePlan(shares);
-    refreshed.version = plan_.version;
-    refreshed.reason = std::move(plan_.reason);
-    plan_ = std::move(refreshed);
-  }
+  refreshPlan();
 
   if (options_.mode == Mode::Equal || stepsSeen_ < options_.profileSteps) return false;
   if (options_.mode == Mode::Static && profiled_) return false;

@@ -172,6 +172,9 @@ class Balancer {
   bool modelsKnown() const;
   std::vector<CostModel> costs() const;
   Plan makePlan(const std::vector<int64_t>& shares) const;
+  // The current split planned again with the current caps and models: its micro-batches and
+  // predictions (not a change of the split: version and reason stay).
+  void refreshPlan();
   void adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason);
   std::vector<std::vector<CostModel>> drawCosts(int64_t step) const;
   struct Decision {
