@@ -308,6 +308,27 @@ TEST(Balancer, InitialPlanIsEqualWithCappedMicroBatches) {
   EXPECT_EQ(p.ranks[2].accumSteps, 1);
 }
 
+// A measured memory bound (balance/memory_caps.h) changes a rank's micro-batches, not the split;
+// the bound survives save/load, and a bound that is already in force changes nothing.
+TEST(Balancer, NewMemoryBoundKeepsTheSplitAndCutsTheMicroBatches) {
+  Balancer b(options(11), capsOf({2, kNoCap, 3}));
+  EXPECT_TRUE(b.setMaxMicroBatch(1, 3));
+  const Plan& p = b.plan();
+  EXPECT_EQ(p.version, 0);
+  EXPECT_EQ(p.ranks[1].batch, 4);
+  EXPECT_EQ(p.ranks[1].microBatch, 2);  // 4 samples under a bound of 3: two micro-batches of 2
+  EXPECT_EQ(p.ranks[1].accumSteps, 2);
+  EXPECT_EQ(p.ranks[0].microBatch, 2);  // the others as they were
+  EXPECT_EQ(p.ranks[2].accumSteps, 1);
+  EXPECT_EQ(b.maxMicroBatch(1), 3);
+  EXPECT_FALSE(b.setMaxMicroBatch(1, 3));
+  EXPECT_TRUE(b.setMaxMicroBatch(0, 100));  // a looser bound, clamped to the global batch
+  EXPECT_EQ(b.maxMicroBatch(0), 11);
+  EXPECT_EQ(b.plan().ranks[0].accumSteps, 1);
+  EXPECT_EQ(Balancer::load(b.save()).maxMicroBatch(1), 3);
+  EXPECT_THROW(b.setMaxMicroBatch(1, 0), EnforceError);
+}
+
 TEST(Balancer, ConvergesToProportionalSplit) {
   // Speeds 1:2:4 (per-sample cost 4:2:1 ms), no per-micro-batch overhead: the ideal split is
   // proportional to speed, and ideal step time is B / sum(speeds).

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -246,6 +247,156 @@ TEST(Cli, RunReportsAStoppedRankAsHung) {
   const auto r = runAndSignal(SIGSTOP, 1);
   expectCleanFailure(r, "hung: no heartbeat for");
   EXPECT_NE(r.output.find("T (stopped)"), std::string::npos) << r.output;
+}
+
+// ---- Device memory (docs/memory.md) through hetra run
+
+// The tiny config with a small transformer (2 layers of width 16 over 16 tokens: one sample's
+// activations outweigh the parameters' gradients) and Adam, two steps of an equal split, no
+// evaluation to speak of (3 test samples).
+const std::string kMemoryRun =
+    kHetra + " run " + std::string(HETRA_SOURCE_DIR) +
+    "/examples/tiny_synthetic.toml --set model.name=transformer --set model.layers=2 "
+    "--set model.dim=16 --set model.heads=2 --set model.seq_len=16 --set data.features=64 "
+    "--set train.optimizer=adam --set train.steps=2 --set train.eval_every=0 "
+    "--set train.log_every=0 --set data.test_samples=3 --set balance.mode=equal";
+
+// The last step record's entry of `rank` from a metrics file.
+nlohmann::json lastStepOf(const fs::path& metrics, int rank) {
+  nlohmann::json last;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "step") last = record["ranks"][rank];
+  }
+  return last;
+}
+
+// Device 2's memory, measured by an uncapped run with `sets` (its step record's entry).
+nlohmann::json measuredRun(const fs::path& dir, const std::string& name, const std::string& sets) {
+  const auto metrics = dir / (name + ".jsonl");
+  const auto r = run(kMemoryRun + " --set devices.2.memory=unlimited " + sets + " --metrics " +
+                     metrics.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  return lastStepOf(metrics, 2);
+}
+
+int64_t activationsOf(const nlohmann::json& rank) {
+  return rank["memory"]["activations"].get<int64_t>();
+}
+
+// The first number the pattern's first group matches in `text`, or -1.
+int64_t numberAfter(const std::string& text, const std::string& pattern, int group = 1) {
+  std::smatch match;
+  if (!std::regex_search(text, match, std::regex(pattern))) return -1;
+  return std::stoll(match[group].str());
+}
+
+// A capped device that cannot hold its training fails the run with one message that names the
+// device, its cap, the category, the bytes and the peak, and what would fit, predicted from the
+// measured footprint: the numbers are checked against uncapped runs measured here, with the
+// formula of docs/memory.md.
+TEST(Cli, RunOutOfDeviceMemorySaysWhatWouldFit) {
+  const auto dir = tempDir("oom");
+  // Device 2's footprint without a cap, at micro-batches of 1 and 2.
+  const auto one = measuredRun(dir, "one", "--set devices.2.max_micro_batch=1");
+  const auto two = measuredRun(dir, "two", "--set devices.2.max_micro_batch=2");
+  const std::string device = one["device"].get<std::string>();
+  const int64_t parameters = one["memory"]["parameters"].get<int64_t>();
+  const int64_t gradients = one["memory"]["gradients"].get<int64_t>();
+  const int64_t state = 2 * gradients;  // Adam: two moments of every trainable parameter
+  EXPECT_EQ(one["memory"]["optimizer_state"].get<int64_t>(), state);
+  const int64_t communication = one["memory"]["communication"].get<int64_t>();
+  const int64_t fixed = parameters + gradients + state + communication;
+  // The cap falls short of the fixed part and one sample's activations by 7/6 of the gradients:
+  // more than the gradients (so the run fails even where no gradient is live at the activations'
+  // peak), less than the 4/3 of them that ZeRO stage 1 saves over 3 devices (2/3 of the state).
+  const int64_t shortBy = gradients * 7 / 6;
+  ASSERT_GT(activationsOf(one), shortBy) << "the fixed part alone must fit";
+  const int64_t cap = fixed + activationsOf(one) - shortBy;
+
+  const auto r = run(kMemoryRun + " --set devices.2.memory=" + std::to_string(cap));
+  EXPECT_EQ(r.status, 1) << r.output;
+  const std::string& out = r.output;
+  // One message, from the launcher, instead of the rank's last lines.
+  const size_t at = out.find("hetra run: FAILED: rank 2 (host ");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_NE(out.find("ran out of device memory", at), std::string::npos) << out;
+  EXPECT_EQ(out.find("hetra run: FAILED", at + 1), std::string::npos) << out;
+  EXPECT_EQ(out.find("wrote to stderr", at), std::string::npos) << out;
+  const std::string message = out.substr(at);
+  EXPECT_NE(message.find("device " + device + " is out of memory: "), std::string::npos) << message;
+  EXPECT_EQ(numberAfter(message, R"(would pass its cap of [^(]*\((\d+) bytes\))"), cap) << message;
+  EXPECT_NE(message.find("more for activations"), std::string::npos) << message;
+  EXPECT_NE(message.find("peak so far"), std::string::npos) << message;
+
+  // The rank measured two micro-batch sizes, s = max(1, m/2) and l = max(s + 1, m) for the failing
+  // m; measured here too, they give the activations' base and bytes per sample.
+  const int64_t m = numberAfter(message, R"(at the failing micro-batch of (\d+))");
+  ASSERT_GE(m, 1) << message;
+  const int64_t small = std::max<int64_t>(1, m / 2), large = std::max<int64_t>(small + 1, m);
+  const auto sized = [&](int64_t samples) {
+    if (samples <= 2) return samples == 1 ? activationsOf(one) : activationsOf(two);
+    return activationsOf(measuredRun(dir, "m" + std::to_string(samples),
+                                     "--set devices.2.max_micro_batch=" + std::to_string(samples)));
+  };
+  const int64_t atSmall = sized(small), atLarge = sized(large);
+  const int64_t perSample = (atLarge - atSmall + (large - small) - 1) / (large - small);
+  const int64_t base = atSmall - perSample * small;
+  ASSERT_GT(perSample, 0);
+  // A smaller micro-batch: none, since not one sample fits.
+  ASSERT_GT(fixed + base + perSample, cap);
+  EXPECT_NE(message.find("- no micro-batch: the fixed part and one sample's activations need"),
+            std::string::npos)
+      << message;
+  // Checkpointing: the fixed part beside a checkpointed micro-batch of m, measured here.
+  const auto checkpointed = measuredRun(dir, "checkpointed",
+                                        "--set train.activation_checkpointing=blocks "
+                                        "--set devices.2.max_micro_batch=" +
+                                            std::to_string(m));
+  const int64_t checkpointedPeak = fixed + activationsOf(checkpointed);
+  const int64_t said = numberAfter(
+      message,
+      R"(train\.activation_checkpointing = "blocks": predicted peak [^(]*\((\d+) bytes\))");
+  // Within 5%: the run's micro-batch also holds a few KiB the replica's does not (the trainer's
+  // and DataParallel's own tensors), measured 4 KiB here.
+  EXPECT_NEAR(double(said), double(checkpointedPeak), 0.05 * double(checkpointedPeak)) << message;
+  // ZeRO over the 3 devices (docs/memory.md): stage 1 shards the optimizer state, a third each;
+  // the least stage whose predicted peak at micro-batch m fits.
+  const int64_t activations = base + perSample * m;
+  const std::vector<int64_t> peaks = {
+      fixed + activations, parameters + gradients + (state + 2) / 3 + communication + activations,
+      parameters + (gradients + state + 2) / 3 + communication + activations};
+  int stage = 0;
+  while (stage < 3 && peaks[size_t(stage)] > cap) ++stage;
+  ASSERT_GE(stage, 1);
+  ASSERT_LE(stage, 2) << "the test's cap leaves stages 1 and 2 room";
+  EXPECT_EQ(numberAfter(message, R"(- ZeRO stage (\d) over 3 devices)"), stage) << message;
+  const int64_t zeroPeak = numberAfter(
+      message, R"(- ZeRO stage \d over 3 devices [^\n]*predicted peak [^(]*\((\d+) bytes\))");
+  EXPECT_NEAR(double(zeroPeak), double(peaks[size_t(stage)]), 0.05 * double(peaks[size_t(stage)]))
+      << message;
+  fs::remove_all(dir);
+}
+
+// HETRA_MEMORY_ACCOUNTING=0 turns the counting off: a capped config is refused before any rank
+// starts (nothing could enforce the cap); without a cap the run trains and its memory is unknown.
+TEST(Cli, RunWithTheAccountingOffRefusesCapsAndReportsNoMemory) {
+  const auto dir = tempDir("accounting");
+  auto r = run("HETRA_MEMORY_ACCOUNTING=0 " + kMemoryRun);  // tiny_synthetic caps devices[2]
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("devices[2].memory = \"256MiB\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("HETRA_MEMORY_ACCOUNTING=0"), std::string::npos) << r.output;
+  const auto metrics = dir / "off.jsonl";
+  r = run("HETRA_MEMORY_ACCOUNTING=0 " + kMemoryRun +
+          " --set devices.2.memory=unlimited --metrics " + metrics.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto step = lastStepOf(metrics, rank);
+    EXPECT_EQ(step["peak_bytes"], -1) << step.dump();
+    EXPECT_TRUE(step["memory"].is_null()) << step.dump();
+  }
+  fs::remove_all(dir);
 }
 #endif
 

@@ -13,6 +13,9 @@
 #include <fstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "balance/memory_caps.h"
 #include "comm/communicator.h"
 #include "common/errors.h"
 #include "device/memory_accounting.h"
@@ -21,6 +24,7 @@
 #include "train/config.h"
 #include "train/dataset_geometry.h"
 #include "train/datasets.h"
+#include "train/device_memory.h"
 #include "train/models.h"
 #include "train/specs.h"
 #include "train/trainer.h"
@@ -112,6 +116,28 @@ TEST(MemoryLedger, RanksSharingAProcessLiftTheCapUntilAllAreDone) {
   EXPECT_THROW(ledger.allocate(MemoryCategory::kActivations, 501), DeviceOutOfMemoryError);
 }
 
+TEST(MemoryLedger, AWindowHasItsOwnPeakBesideTheRunsAndTheCapCanBeLifted) {
+  MemoryLedger ledger;
+  MemoryLedger::Claim claim(ledger, "d", 1000);
+  ledger.allocate(MemoryCategory::kActivations, 700);
+  ledger.release(MemoryCategory::kActivations, 700);
+  ledger.allocate(MemoryCategory::kActivations, 100);
+  ledger.startWindow();
+  EXPECT_EQ(ledger.window().peakOf(MemoryCategory::kActivations), 100);
+  ledger.allocate(MemoryCategory::kActivations, 300);
+  ledger.release(MemoryCategory::kActivations, 300);
+  ledger.allocate(MemoryCategory::kGradients, 50);  // another category's bytes are not its
+  EXPECT_EQ(ledger.window().peakOf(MemoryCategory::kActivations), 400);
+  EXPECT_EQ(ledger.window().devicePeak, 400);  // the device's window: 100 + 300, then 100 + 50
+  EXPECT_EQ(ledger.usage().peakOf(MemoryCategory::kActivations), 700);  // the run's peak stays
+  {
+    MemoryLedger::Uncapped lifted(ledger);
+    ledger.allocate(MemoryCategory::kActivations, 5000);
+    ledger.release(MemoryCategory::kActivations, 5000);
+  }
+  EXPECT_THROW(ledger.allocate(MemoryCategory::kActivations, 851), DeviceOutOfMemoryError);
+}
+
 TEST(MemoryScope, SetsThePhaseAndRestoresTheOneBefore) {
   MemoryLedger ledger;
   EXPECT_EQ(ledger.phase(), MemoryCategory::kHostData);
@@ -156,11 +182,12 @@ RunConfig configWith(std::vector<std::string> sets) {
 
 // Trains `config` as the only rank of this process; returns the ledger's usage (peaks of this
 // run: the trainer restarts them).
-device::MemoryUsage trainAlone(const RunConfig& config, TrainResult* result = nullptr) {
+device::MemoryUsage trainAlone(const RunConfig& config, TrainResult* result = nullptr,
+                               const TrainerOptions& options = {}) {
   auto store = std::make_shared<store::MemoryStore>();
   auto comm = comm::Communicator::create(store, 0, 1, comm::GroupOptions{});
   const auto before = MemoryLedger::process().usage();
-  const TrainResult trained = train(config, comm, TrainerOptions{});
+  const TrainResult trained = train(config, comm, options);
   if (result) *result = trained;
   const auto after = MemoryLedger::process().usage();
   // Everything the run counted on the device went with it.
@@ -248,6 +275,113 @@ TEST(MemoryAccounting, CheckpointedBlocksTrainTheSameWithFewerActivations) {
             3.0 * double(recomputed.peakOf(MemoryCategory::kActivations)))
       << plain.peakOf(MemoryCategory::kActivations) << " vs "
       << recomputed.peakOf(MemoryCategory::kActivations);
+}
+
+// ---- The micro-batch bound from measured activations ------------------------------------------
+
+// The measured bound on plain numbers: the activations' room is the cap less the fixed bytes, 5% of
+// it kept free, and a sample costs the measured bytes over the micro-batch's samples, rounded up.
+TEST(MeasuredBound, FollowsTheMeasuredBytesPerSampleWithItsHeadroom) {
+  // room 50000 bytes, 47500 of it usable; 9000 bytes over 4 samples is 2250 a sample: 21.
+  EXPECT_EQ(balance::measuredMaxMicroBatch(100000, 50000, 9000, 4), 21);
+  EXPECT_EQ(balance::measuredMaxMicroBatch(100000, 50000, 9500, 4), 20);  // 2375: exactly 20
+  EXPECT_EQ(balance::measuredMaxMicroBatch(100000, 50000, 9499, 4), 20);  // 2374.75 up to 2375
+  EXPECT_EQ(balance::measuredMaxMicroBatch(100000, 120000, 9000, 4), 1);  // never below one
+  EXPECT_EQ(balance::measuredMaxMicroBatch(0, 50000, 9000, 4), std::numeric_limits<int64_t>::max());
+  EXPECT_THROW(balance::measuredMaxMicroBatch(100000, 50000, 9000, 0), EnforceError);
+}
+
+std::vector<int64_t> microBatchesOf(const fs::path& metrics) {
+  std::vector<int64_t> sizes;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "step")
+      sizes.push_back(record["ranks"][0]["micro_batch"].get<int64_t>());
+  }
+  return sizes;
+}
+
+// A model whose activations the analytic footprint misjudges (it ignores checkpointing and the
+// gradients autograd holds among the activations): its bound is the first step's guess only. The
+// run settles at the bound that an independent measurement of the settled micro-batch (an uncapped
+// run at that size) gives.
+TEST(MemoryAccounting, TheMicroBatchBoundFollowsTheMeasuredActivations) {
+  const int64_t globalBatch = 1024;  // shares fine enough for the bound to show in the micro-batch
+  const std::vector<std::string> model = {"train.activation_checkpointing=blocks",
+                                          "train.global_batch=" + std::to_string(globalBatch),
+                                          "data.samples=2048", "data.test_samples=2"};
+  const RunConfig base = configWith(model);
+  const MemoryFootprint formula = estimateFootprint(modelSpecOf(base, datasetGeometry(base.data)));
+  // A guess that really fits: the analytic estimate has no constant part, but autograd holds the
+  // largest gradient (fc1's 128 KiB) among the activations until it is adopted.
+  const int64_t firstGuess = 64;
+  const int64_t cap =
+      formula.fixedBytes + firstGuess * formula.bytesPerSample + formula.bytesPerSample / 2;
+  ASSERT_EQ(maxMicroBatch(formula, cap), firstGuess);
+
+  const fs::path metrics =
+      fs::temp_directory_path() / ("hetra-memory-bound-" + std::to_string(getpid()) + ".jsonl");
+  auto capped = model;
+  capped.insert(capped.end(), {"devices.0.memory=" + std::to_string(cap), "train.steps=16"});
+  TrainerOptions options;
+  options.metricsPath = metrics.string();
+  const auto cappedUsage = trainAlone(configWith(capped), nullptr, options);
+  const std::vector<int64_t> sizes = microBatchesOf(metrics);
+  fs::remove(metrics);
+  ASSERT_EQ(sizes.size(), 16u);
+  EXPECT_EQ(sizes.front(), firstGuess);
+  const int64_t settled = sizes.back();
+  EXPECT_NE(settled, firstGuess);
+  EXPECT_EQ(sizes[sizes.size() - 2], settled);  // settled: the last two steps agree
+  EXPECT_LE(cappedUsage.devicePeak, cap);
+
+  auto uncapped = model;
+  uncapped.insert(uncapped.end(),
+                  {"devices.0.max_micro_batch=" + std::to_string(settled), "train.steps=2"});
+  const auto u = trainAlone(configWith(uncapped));
+  // The device's peak is the settled micro-batch's (the optimizer step holds less); less the
+  // activations, it is what the micro-batch's size does not change.
+  const int64_t activations = u.peakOf(MemoryCategory::kActivations);
+  const int64_t fixed = u.devicePeak - activations;
+  const int64_t perSample = (activations + settled - 1) / settled;
+  const int64_t room = cap - fixed;
+  const int64_t bound = std::max<int64_t>(1, (room - room / 20) / perSample);
+  // The micro-batch an equal share of the global batch gets under that bound (one device).
+  const int64_t accum = (globalBatch + bound - 1) / bound;
+  EXPECT_EQ(settled, (globalBatch + accum - 1) / accum)
+      << "fixed " << fixed << ", activations " << activations << " at " << settled << ", bound "
+      << bound;
+}
+
+// What fits, on plain numbers (docs/memory.md, "What fits"): 4 devices, a cap of 20000 bytes.
+TEST(WhatFits, PredictsTheMicroBatchCheckpointingAndZeroStage) {
+  MeasuredFootprint f;
+  f.parameters = 4000;
+  f.gradients = 4000;
+  f.optimizerState = 8000;
+  f.communication = 1000;
+  f.largestParameter = 2000;
+  f.activationBase = 500;
+  f.activationPerSample = 300;
+  f.checkpointedActivations = 900;
+  // Stage 0: 17000 fixed + 500: 2500 left, 8 samples of 300 (below the failing 10).
+  WhatFits fits = whatFits(f, 20000, 10, 4);
+  EXPECT_EQ(fits.largestMicroBatch, 8);
+  EXPECT_EQ(fits.checkpointedPeak, 17000 + 900);
+  // Stage 1: 4000 + 4000 + 8000/4 + 1000 + 500 = 11500, at the failing 10 samples 14500.
+  EXPECT_EQ(fits.zeroStage, 1);
+  EXPECT_EQ(fits.zeroMicroBatch, 10);
+  EXPECT_EQ(fits.zeroPeak, 14500);
+  // Under 9000: no micro-batch at stage 0 or 1; stage 2 (4000 + 12000/4 + 1500) holds one sample.
+  fits = whatFits(f, 9000, 10, 4);
+  EXPECT_EQ(fits.largestMicroBatch, 0);
+  EXPECT_EQ(fits.zeroStage, 2);
+  EXPECT_EQ(fits.zeroMicroBatch, 1);
+  EXPECT_EQ(fits.zeroPeak, 8800);
+  // Stage 3: 16000/4 + the largest parameter 2000, + 1000 + 500 + 2 x 300.
+  EXPECT_EQ(zeroPeak(f, 3, 4, 2), 8100);
+  EXPECT_EQ(whatFits(f, 5000, 10, 4).zeroStage, 0);
 }
 
 // ---- A capped rank among rank processes ---------------------------------------------------------
@@ -363,9 +497,11 @@ TEST(MemoryCaps, ACapBelowTheNeedFailsThatRankAndAbortsItsPeer) {
   EXPECT_GT(std::stoll(small[3]), 0);
   EXPECT_GE(std::stoll(small[4]), int64_t(sizeof(float)) * (64 * 1024 + 1024));  // fc0 at least
   EXPECT_LE(std::stoll(small[4]), 768 << 10);
-  for (const char* part : {"device small is out of memory", "What would fit: ",
-                           "devices[1].max_micro_batch = ", "train.activation_checkpointing"})
-    EXPECT_NE(small[5].find(part), std::string::npos) << small[5];
+  std::string message;  // the error's text, over the lines from the sixth on
+  for (size_t i = 5; i < small.size(); ++i) message += small[i] + "\n";
+  for (const char* part : {"device small is out of memory", "what would fit under the cap",
+                           "devices[1].max_micro_batch = ", "hetra::train::checkpoint", "ZeRO"})
+    EXPECT_NE(message.find(part), std::string::npos) << message;
   ASSERT_EQ(codes[0], kPeerAborted) << (big.empty() ? "" : big.back());
   ASSERT_GE(big.size(), 1u);
   EXPECT_EQ(big[0], "1");  // names the capped rank

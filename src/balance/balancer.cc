@@ -175,6 +175,23 @@ Balancer::Balancer(BalancerOptions options, std::vector<RankCaps> caps)
                                               : "initial: equal split, nothing measured yet";
 }
 
+bool Balancer::setMaxMicroBatch(int rank, int64_t maxMicroBatch) {
+  HETRA_ENFORCE(rank >= 0 && rank < ranks(), "rank ", rank, " of ", ranks());
+  HETRA_ENFORCE_GE(maxMicroBatch, 1, "rank ", rank, "'s micro-batch bound");
+  const int64_t cap = std::min(maxMicroBatch, options_.globalBatch);
+  if (caps_[size_t(rank)] == cap) return false;
+  caps_[size_t(rank)] = cap;
+  refreshPlan();
+  HETRA_INFO(kSubsys, "rank ", rank, ": micro-batches of at most ", cap,
+             " samples (measured memory)");
+  return true;
+}
+
+int64_t Balancer::maxMicroBatch(int rank) const {
+  HETRA_ENFORCE(rank >= 0 && rank < ranks(), "rank ", rank, " of ", ranks());
+  return caps_[size_t(rank)];
+}
+
 const CostModel& Balancer::cost(int rank) const {
   HETRA_ENFORCE(rank >= 0 && rank < ranks(), "rank ", rank, " of ", ranks());
   return models_[size_t(rank)].cost();
@@ -244,6 +261,15 @@ Plan Balancer::makePlan(const std::vector<int64_t>& shares) const {
   return p;
 }
 
+void Balancer::refreshPlan() {
+  std::vector<int64_t> shares;
+  for (const auto& r : plan_.ranks) shares.push_back(r.batch);
+  Plan refreshed = makePlan(shares);
+  refreshed.version = plan_.version;
+  refreshed.reason = std::move(plan_.reason);
+  plan_ = std::move(refreshed);
+}
+
 void Balancer::adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason) {
   const int64_t version = plan_.version + 1;
   plan_ = makePlan(shares);
@@ -263,15 +289,7 @@ bool Balancer::endStep(int64_t step) {
     pending_[i].clear();
   }
 
-  // Refresh the predictions of the current split (not a change: version and reason stay).
-  std::vector<int64_t> shares;
-  for (const auto& r : plan_.ranks) shares.push_back(r.batch);
-  {
-    Plan refreshed = makePlan(shares);
-    refreshed.version = plan_.version;
-    refreshed.reason = std::move(plan_.reason);
-    plan_ = std::move(refreshed);
-  }
+  refreshPlan();
 
   if (options_.mode == Mode::Equal || stepsSeen_ < options_.profileSteps) return false;
   if (options_.mode == Mode::Static && profiled_) return false;

@@ -138,6 +138,12 @@ class Balancer {
   // changed; the new plan applies from the next step on.
   bool endStep(int64_t step);
 
+  // A new memory bound for `rank`'s micro-batches (measured, balance/memory_caps.h): the plan keeps
+  // its split and takes the rank's new micro-batch and accumulation steps from the next plan() on.
+  // Returns whether the bound changed. Deterministic as the rest: call it on every rank alike.
+  bool setMaxMicroBatch(int rank, int64_t maxMicroBatch);
+  int64_t maxMicroBatch(int rank) const;
+
   // The rank's current cost model (unknown until it was observed).
   const CostModel& cost(int rank) const;
   // Gain of the candidate over the plan at the last endStep (0 before any decision).
@@ -166,6 +172,9 @@ class Balancer {
   bool modelsKnown() const;
   std::vector<CostModel> costs() const;
   Plan makePlan(const std::vector<int64_t>& shares) const;
+  // The current split planned again with the current caps and models: its micro-batches and
+  // predictions (not a change of the split: version and reason stay).
+  void refreshPlan();
   void adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason);
   std::vector<std::vector<CostModel>> drawCosts(int64_t step) const;
   struct Decision {

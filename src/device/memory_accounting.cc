@@ -5,6 +5,7 @@
 
 #include "common/errors.h"
 #include "common/names.h"
+#include "common/params.h"
 
 namespace hetra::device {
 namespace {
@@ -14,6 +15,11 @@ void raiseToAtLeast(std::atomic<int64_t>& peak, int64_t value) {
   while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
 }
+
+const Param kAccountingParam(
+    "HETRA_MEMORY_ACCOUNTING", "1",
+    "Count each rank's memory by category (docs/memory.md); 0 turns the counting allocator off, "
+    "and then no devices[i].memory cap can be enforced");
 
 }  // namespace
 
@@ -26,6 +32,14 @@ constexpr NamedValue<MemoryCategory> kMemoryCategoryNames[] = {
     {MemoryCategory::kHostData, "host_data"}};
 static_assert(std::size(kMemoryCategoryNames) == kMemoryCategories &&
               coversEnum(kMemoryCategoryNames, MemoryCategory::kHostData));
+bool memoryAccountingEnabled() {
+  static const bool enabled = kAccountingParam.flag();  // read once: the allocator is per process
+  return enabled;
+}
+
+const char* memoryAccountingParam() {
+  return "HETRA_MEMORY_ACCOUNTING";
+}
 
 const char* memoryCategoryName(MemoryCategory category) {
   return nameOf(category, kMemoryCategoryNames);
@@ -50,8 +64,9 @@ MemoryLedger& MemoryLedger::process() {
 }
 
 void MemoryLedger::add(MemoryCategory category, int64_t bytes) {
-  auto& live = live_[size_t(category)];
-  raiseToAtLeast(peak_[size_t(category)], live.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  const int64_t now = live_[size_t(category)].fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  raiseToAtLeast(peak_[size_t(category)], now);
+  raiseToAtLeast(windowPeak_[size_t(category)], now);
 }
 
 void MemoryLedger::allocate(MemoryCategory category, int64_t bytes) {
@@ -63,6 +78,7 @@ void MemoryLedger::allocate(MemoryCategory category, int64_t bytes) {
       throwOutOfMemory(category, bytes, before);
     }
     raiseToAtLeast(devicePeak_, before + bytes);
+    raiseToAtLeast(deviceWindowPeak_, before + bytes);
   }
   add(category, bytes);
 }
@@ -128,6 +144,27 @@ void MemoryLedger::resetPeaks() {
   for (size_t c = 0; c < kMemoryCategories; ++c)
     peak_[c].store(live_[c].load(std::memory_order_relaxed), std::memory_order_relaxed);
   devicePeak_.store(deviceLive_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+void MemoryLedger::startWindow() {
+  for (size_t c = 0; c < kMemoryCategories; ++c)
+    windowPeak_[c].store(live_[c].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  deviceWindowPeak_.store(deviceLive_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+MemoryUsage MemoryLedger::window() const {
+  MemoryUsage u = usage();
+  for (size_t c = 0; c < kMemoryCategories; ++c)
+    u.peak[c] = windowPeak_[c].load(std::memory_order_relaxed);
+  u.devicePeak = deviceWindowPeak_.load(std::memory_order_relaxed);
+  return u;
+}
+
+MemoryLedger::Uncapped::Uncapped(MemoryLedger& ledger)
+    : ledger_(ledger), cap_(ledger.capBytes_.exchange(0, std::memory_order_relaxed)) {}
+
+MemoryLedger::Uncapped::~Uncapped() {
+  ledger_.capBytes_.store(cap_, std::memory_order_relaxed);
 }
 
 MemoryLedger::Claim::Claim(MemoryLedger& ledger, std::string device, int64_t capBytes)

@@ -71,6 +71,10 @@ class MemoryLedger {
   MemoryUsage usageAtLastRefusal() const;
   // Peaks restart from what is live now (a run's peaks are its own).
   void resetPeaks();
+  // A window of measurement (one micro-batch), beside the peaks: its peaks restart from what is
+  // live now, and window() says how high each category and the device went since (as peaks).
+  void startWindow();
+  MemoryUsage window() const;
 
   MemoryCategory phase() const { return phase_.load(std::memory_order_relaxed); }
   void setPhase(MemoryCategory category) { phase_.store(category, std::memory_order_relaxed); }
@@ -91,12 +95,26 @@ class MemoryLedger {
     MemoryLedger& ledger_;
   };
 
+  // Lifts the cap for its lifetime (what a refused rank measures afterwards, to say what would
+  // fit, needs more than the cap) and restores it after.
+  class Uncapped {
+   public:
+    explicit Uncapped(MemoryLedger& ledger);
+    ~Uncapped();
+    Uncapped(const Uncapped&) = delete;
+    Uncapped& operator=(const Uncapped&) = delete;
+
+   private:
+    MemoryLedger& ledger_;
+    int64_t cap_;
+  };
+
  private:
   void add(MemoryCategory category, int64_t bytes);
   void throwOutOfMemory(MemoryCategory category, int64_t bytes, int64_t liveBefore) const;
 
-  std::array<std::atomic<int64_t>, kMemoryCategories> live_{}, peak_{};
-  std::atomic<int64_t> deviceLive_{0}, devicePeak_{0};
+  std::array<std::atomic<int64_t>, kMemoryCategories> live_{}, peak_{}, windowPeak_{};
+  std::atomic<int64_t> deviceLive_{0}, devicePeak_{0}, deviceWindowPeak_{0};
   std::atomic<int64_t> capBytes_{0};  // 0: none
   std::atomic<MemoryCategory> phase_{MemoryCategory::kHostData};
   mutable std::mutex claimMutex_;  // guards claims_, shared_ and device_
@@ -105,6 +123,13 @@ class MemoryLedger {
   std::string device_;
   mutable MemoryUsage lastRefusal_;  // guarded by claimMutex_; written by a const throw
 };
+
+// Whether memory is accounted (HETRA_MEMORY_ACCOUNTING, default on). Off, no allocation reaches a
+// ledger: nothing is counted, no cap can be enforced, and an allocation costs what LibTorch's own
+// allocator costs (bench/compare_accounting.sh measures the difference).
+bool memoryAccountingEnabled();
+// The parameter's name, for messages.
+const char* memoryAccountingParam();
 
 // Sets the process's phase for its lifetime and restores the one before.
 class MemoryScope {

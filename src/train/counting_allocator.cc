@@ -63,6 +63,7 @@ class CountingAllocator : public c10::Allocator {
 }  // namespace
 
 void installCountingAllocator() {
+  if (!device::memoryAccountingEnabled()) return;
   static std::once_flag once;
   std::call_once(once, [] {
     innerAllocator = c10::GetCPUAllocator();

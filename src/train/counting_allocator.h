@@ -10,7 +10,8 @@
 namespace hetra::train {
 
 // Puts the counting allocator in front of LibTorch's CPU allocator, once per process (later calls
-// do nothing). Tensors allocated before stay uncounted, and so do their frees.
+// do nothing), unless the accounting is off (device::memoryAccountingEnabled()). Tensors allocated
+// before stay uncounted, and so do their frees.
 void installCountingAllocator();
 
 // Moves the bytes of `tensor`'s storage to `category` (a parameter's .grad that autograd adopted

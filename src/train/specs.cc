@@ -62,8 +62,10 @@ std::vector<balance::RankCaps> rankCapsOf(const RunConfig& config,
   std::vector<balance::RankCaps> caps;
   for (const auto& device : config.devices) {
     balance::RankCaps c;
+    // The analytic footprint is the first guess only (it errs high): the measured activations
+    // replace it after the first step (train/device_memory.h), so one sample is always tried.
     if (device.memoryBytes > 0 && footprint.bytesPerSample > 0)
-      c.maxMicroBatch = maxMicroBatch(footprint, device.memoryBytes);
+      c.maxMicroBatch = std::max<int64_t>(1, maxMicroBatch(footprint, device.memoryBytes));
     if (device.maxMicroBatch > 0) c.maxMicroBatch = std::min(c.maxMicroBatch, device.maxMicroBatch);
     caps.push_back(c);
   }

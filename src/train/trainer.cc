@@ -43,6 +43,9 @@ enum StatField {
   kBytesSent,
   kBytesReceived,
   kObservations,
+  kActivationSamples,  // the step's largest micro-batch, its activations and the device's peak
+  kActivationBytes,
+  kActivationDevicePeak,
   kPeakBytes,  // device memory: the device categories' peak, -1 when unknown; then each category's
   kMemoryFirst,
   kFixedFields = kMemoryFirst + int(device::kMemoryCategories)
@@ -170,7 +173,7 @@ class Run {
     int64_t measuredSamples = 0;
     report_->start(header());
     for (int64_t step = startStep_; step < totalSteps_; ++step) {
-      const double seconds = trainStep(step);
+      const double seconds = trainStepOrSayWhatFits(step);
       if (step - startStep_ >= warmup) {
         measuredSeconds += seconds;
         measuredSamples += config_.train.globalBatch;
@@ -243,6 +246,17 @@ class Run {
     zeroCaps_ = shardedRankCaps(config_, bytes, options.shardSizes, footprint_.bytesPerSample);
   }
 
+  // A step; a rank past its memory cap fails saying what would fit (train/device_memory.h). The
+  // plan is still the failing step's: it changes only once the step's timings are in.
+  double trainStepOrSayWhatFits(int64_t step) {
+    try {
+      return trainStep(step);
+    } catch (const DeviceOutOfMemoryError& e) {
+      throw withWhatFits(e, config_, options_.makeModel, *trainData_,
+                         balancer_->plan().ranks[size_t(rank_)].microBatch, rank_);
+    }
+  }
+
   // The four parts of one data-parallel step (docs/architecture.md); returns its seconds.
   double trainStep(int64_t step) {
     const auto stepStart = Clock::now();
@@ -262,16 +276,7 @@ class Run {
                          mostMicroBatches(plan));
       // 2. k micro-batches of at most m samples, summed gradients; 3. the last backward
       // all-reduces the gradient buckets as they become ready.
-      try {
-        report = runMicroBatches(indices, mine, slowdownAt(device_, step), local);
-      } catch (const DeviceOutOfMemoryError& e) {
-        throw DeviceOutOfMemoryError(
-            whatFits(e, memory_.usageAtLastRefusal(), mine.microBatch,
-                     optimizerStateCopies(config_.train.optimizer, config_.train.momentum),
-                     config_.train.activationCheckpointing == "blocks",
-                     str("devices[", rank_, "]")),
-            e.device(), e.capBytes(), e.category(), e.askedBytes(), e.peakBytes());
-      }
+      report = runMicroBatches(indices, mine, slowdownAt(device_, step), local);
       {
         device::MemoryScope buckets(device::MemoryCategory::kCommunication);
         if (!local) {
@@ -320,6 +325,11 @@ class Run {
       round_.start = stepStart;
     }
     for (int f : {kLossSum, kSamples, kComputeSeconds, kCommSeconds}) total[f] += step[f];
+    // The round's activations are its largest micro-batch's (DeviceMemory::endMicroBatch's rule).
+    if (std::pair(step[kActivationSamples], step[kActivationDevicePeak]) >
+        std::pair(total[kActivationSamples], total[kActivationDevicePeak]))
+      for (int f : {kActivationSamples, kActivationBytes, kActivationDevicePeak})
+        total[f] = step[f];
     for (int o = 0; o < int(step[kObservations]) && total[kObservations] < kMaxObservations; ++o) {
       const size_t at = kFixedFields + 2 * size_t(total[kObservations]);
       total[at] = step[kFixedFields + 2 * o];
@@ -351,6 +361,7 @@ class Run {
       Batch batch = trainData_->get(part);
       data.end();
       device::MemoryScope activations(device::MemoryCategory::kActivations);
+      memory_.startMicroBatch();
       // An emulated device of slowdown s takes s times the segment's work (device/compute_scope.h).
       device::ComputeScope segment(emulator_, slowdown, computeClocks_);
       timeline::Span forward(timeline::Lane::Compute, "compute", "forward");
@@ -370,6 +381,7 @@ class Run {
       (loss * lossScale).backward();
       report[kLossSum] += loss.item<double>();
       backward.end();
+      memory_.endMicroBatch(sizes[j]);
       segment.end();  // the emulation's sleep, on the timeline as "slowdown sleep"
       const double seconds = secondsSince(computeStart);
       report[kComputeSeconds] += seconds;
@@ -380,6 +392,10 @@ class Run {
       }
     }
     report[kObservations] = observations;
+    const ActivationMeasurement measured = memory_.takeMeasurement();
+    report[kActivationSamples] = double(measured.samples);
+    report[kActivationBytes] = double(measured.bytes);
+    report[kActivationDevicePeak] = double(measured.devicePeak);
     return report;
   }
 
@@ -431,6 +447,13 @@ class Run {
                               int64_t(row[kPeakBytes])});
       for (size_t c = 0; c < device::kMemoryCategories; ++c)
         record.ranks.back().memory[c] = int64_t(row[kMemoryFirst + c]);
+      // The micro-batch bound follows what the rank measured (the same rows on every rank), from
+      // the second step on: the first one's optimizer step allocates the optimizer's state.
+      const int64_t bound =
+          measuredMicroBatchBound(config_.devices[size_t(r)],
+                                  {int64_t(row[kActivationSamples]), int64_t(row[kActivationBytes]),
+                                   int64_t(row[kActivationDevicePeak])});
+      if (bound > 0 && gather.step > startStep_) balancer_->setMaxMicroBatch(r, bound);
     }
     const bool changed = balancer_->endStep(gather.step);
     record.loss = lastLoss_ = lossSum / std::max(1.0, samples);
@@ -531,8 +554,7 @@ std::pair<std::shared_ptr<const Dataset>, std::shared_ptr<const Dataset>> loadTr
 void checkModelFits(const RunConfig& config) {
   if (config.parallel.pipeline > 1) return;  // a stage holds part of it: the partition checks
   if (config.zero.stage > 0) return;  // shards are planned, and met by the allocator, per rank
-  const auto footprint = estimateFootprint(modelSpecOf(config, datasetGeometry(config.data)));
-  checkMemoryCaps(config, footprint.fixedBytes, footprint.bytesPerSample);
+  checkDeviceMemory(config);
 }
 
 TrainResult train(const RunConfig& config, std::shared_ptr<comm::Communicator> comm,

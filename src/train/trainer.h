@@ -32,9 +32,9 @@ struct TrainerOptions {
   // A program's own model and data instead of config.model and config.data (examples/
   // custom_model.cpp). Each rank calls them once. The replicas may start different: rank 0's
   // parameters are broadcast. The datasets must be equal on every rank (the sampler hands out
-  // global indices); ranks that are threads may share one. A custom model's memory footprint is
-  // unknown, so devices[i].memory caps do not bound its micro-batches, and checkModelFits does not
-  // apply.
+  // global indices); ranks that are threads may share one. A custom model has no analytic memory
+  // footprint: until its first step is measured, devices[i].memory caps do not bound its
+  // micro-batches (docs/memory.md), and checkModelFits does not apply.
   std::function<std::shared_ptr<Model>()> makeModel;
   std::function<std::shared_ptr<const Dataset>(bool train)> makeDataset;
 };
@@ -55,7 +55,8 @@ struct TrainResult {
   double lastLoss = 0;
 };
 
-// The checks that need the model: every device's memory cap must hold the model and one sample.
+// The checks that need the model: every device's memory cap must hold the model's parameters and
+// their gradients, and caps need the memory accounting (train/device_memory.h, checkDeviceMemory).
 // Throws ConfigError naming devices[i].memory. Run before any rank starts.
 void checkModelFits(const RunConfig& config);
 

@@ -35,8 +35,29 @@ namespace {
 
 using launch::RankWatch;
 
-// One message about a failed rank: which rank, where, how it ended, its last lines. `head` is
-// "FAILED: " at the end of a failed run, "" before an elastic restart.
+// What DeviceOutOfMemoryError says (device/memory_accounting.cc); a rank's error with it is one.
+constexpr const char* kOutOfMemory = " is out of memory: ";
+
+// A rank's out-of-memory message with what would fit (train/device_memory.h, withWhatFits), from
+// the line of its last stderr lines that starts it to the end, or its one-line end message when
+// its stderr lost it; empty when the rank failed otherwise.
+std::vector<std::string> outOfMemoryMessage(const RankWatch::Failure& failure) {
+  const size_t said = failure.how.find(": device ");
+  if (failure.how.find(kOutOfMemory) == std::string::npos || said == std::string::npos) return {};
+  for (size_t i = failure.tail.size(); i-- > 0;) {
+    const size_t at = failure.tail[i].find("device ");
+    if (failure.tail[i].find(kOutOfMemory) == std::string::npos || at == std::string::npos)
+      continue;
+    std::vector<std::string> lines{failure.tail[i].substr(at)};
+    lines.insert(lines.end(), failure.tail.begin() + long(i) + 1, failure.tail.end());
+    return lines;
+  }
+  return {failure.how.substr(said + 2)};
+}
+
+// One message about a failed rank: which rank, where, how it ended, its last lines (or, for a
+// rank out of device memory, that message alone: it says all). `head` is "FAILED: " at the end of
+// a failed run, "" before an elastic restart.
 void reportFailure(const RankWatch::Failure& failure, int code,
                    const std::string& head = "FAILED: ") {
   const std::string status =
@@ -44,6 +65,15 @@ void reportFailure(const RankWatch::Failure& failure, int code,
                  : std::to_string(code);
   if (failure.rank < 0) {
     std::fprintf(stderr, "hetra run: failed, exit status %s\n", status.c_str());
+    return;
+  }
+  const std::vector<std::string> outOfMemory = outOfMemoryMessage(failure);
+  if (!outOfMemory.empty()) {
+    std::string text =
+        str("hetra run: ", head, "rank ", failure.rank, " (host ", failure.host, ", pid ",
+            failure.pid, ") ran out of device memory; exit status ", status, "\n");
+    for (const auto& line : outOfMemory) text += "    " + line + "\n";
+    std::fputs(text.c_str(), stderr);
     return;
   }
   std::string text = str("hetra run: ", head, "rank ", failure.rank, " (host ", failure.host,
