@@ -109,8 +109,6 @@ double evenStepSeconds(const balance::PipelineCosts& costs) {
   }
 }
 
-// LibTorch's threads and OpenBLAS's own pool (see trainer.cc: OpenBLAS sizes its pool for the
-// whole machine otherwise).
 class PipelineRun {
  public:
   PipelineRun(const RunConfig& config, std::shared_ptr<comm::Communicator> comm,
