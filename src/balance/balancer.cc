@@ -21,6 +21,14 @@ constexpr const char* kSubsys = "balance";
 constexpr int kStateFormat = 2;
 // Fractions of the way from the plan to the candidate a move or a probe may go, farthest first.
 constexpr double kFractions[] = {1.0, 0.5, 0.25};
+// A move is judged over kDraws cost models drawn from the fitted ones' uncertainty: its sure gain
+// is the kSureQuantile quantile of its gains over the draws.
+constexpr int kDraws = 64;
+constexpr double kSureQuantile = 0.05;
+// A probe may lose at most kProbeCost of a step for sure; it is worth it only for a gain beyond
+// kProbeSigmas of the timing noise of the slowest rank.
+constexpr double kProbeCost = 0.02;
+constexpr double kProbeSigmas = 1.7;
 
 // The parameters' defaults are BalancerOptions' defaults, so the two cannot drift apart.
 const BalancerOptions kDefaults;

@@ -11,11 +11,12 @@
 //   candidate   the optimal plan under the current cost models.
 //   gain        (T(plan) - T(candidate)) / T(plan), both predicted by the current models
 //               (compute time only: communication does not depend on the split).
-//   draws       kDraws sets of cost models drawn from each rank's fit uncertainty (its
+//   draws       64 sets (kDraws) of cost models drawn from each rank's fit uncertainty (its
 //               covariance), from a generator seeded by the step: the same on every rank. The
 //               same draws price every split of a step, so splits near each other, predicted from
 //               the same data, differ only by what the data say about the difference.
-//   sure gain   the kSureQuantile quantile of the gain over the draws: the part of the gain that
+//   sure gain   the 5% quantile (kSureQuantile) of the gain over the draws: the part of the gain
+//   that
 //               the models' uncertainty (from the measured step noise) does not explain.
 //   move        a split part of the way from the plan to the candidate (a fraction 1, 1/2 or 1/4
 //               of every rank's change): the farthest whose sure gain exceeds the threshold. A
@@ -117,11 +118,6 @@ struct Plan {
 
 class Balancer {
  public:
-  static constexpr int kDraws = 64;
-  static constexpr double kSureQuantile = 0.05;
-  static constexpr double kProbeCost = 0.02;
-  static constexpr double kProbeSigmas = 1.7;
-
   // Throws ConfigError for an impossible setting (naming the option and its value).
   Balancer(BalancerOptions options, std::vector<RankCaps> caps);
 

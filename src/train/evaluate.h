@@ -6,12 +6,8 @@
 #include <functional>
 #include <utility>
 
-namespace hetra::comm {
-class Communicator;
-}
-namespace hetra::balance {
-struct Plan;
-}
+#include "balance/balancer.h"
+#include "comm/communicator.h"
 
 namespace hetra::train {
 

@@ -29,6 +29,21 @@ std::string splitText(const std::vector<RankStep>& ranks) {
   return text;
 }
 
+// One rank's part of a "step" record (docs/metrics.md).
+nlohmann::json rankStepJson(size_t rank, const RankStep& step) {
+  return {{"rank", rank},
+          {"device", step.device},
+          {"batch", step.batch},
+          {"micro_batch", step.microBatch},
+          {"accum", step.accumSteps},
+          {"compute_s", step.computeSeconds},
+          {"comm_s", step.commSeconds},
+          {"bytes_sent", step.bytesSent},
+          {"bytes_recv", step.bytesReceived},
+          {"peak_bytes", step.peakBytes},
+          {"memory", memoryJson(step)}};
+}
+
 }  // namespace
 
 std::string metricsLine(const std::string& event, json fields) {
@@ -83,20 +98,8 @@ void Report::start(const RunHeader& header) {
 void Report::step(const StepRecord& record) {
   if (!options_.enabled) return;
   json ranks = json::array();
-  for (size_t r = 0; r < record.ranks.size(); ++r) {
-    const RankStep& rank = record.ranks[r];
-    ranks.push_back({{"rank", r},
-                     {"device", rank.device},
-                     {"batch", rank.batch},
-                     {"micro_batch", rank.microBatch},
-                     {"accum", rank.accumSteps},
-                     {"compute_s", rank.computeSeconds},
-                     {"comm_s", rank.commSeconds},
-                     {"bytes_sent", rank.bytesSent},
-                     {"bytes_recv", rank.bytesReceived},
-                     {"peak_bytes", rank.peakBytes},
-                     {"memory", memoryJson(rank)}});
-  }
+  for (size_t r = 0; r < record.ranks.size(); ++r)
+    ranks.push_back(rankStepJson(r, record.ranks[r]));
   // null rather than absent while unknown: every step record has the same fields.
   const json ideal =
       record.idealSamplesPerSecond > 0 ? json(record.idealSamplesPerSecond) : json(nullptr);

@@ -1,7 +1,5 @@
 #include "train/trainer.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <optional>
 #include <tuple>
@@ -22,6 +20,7 @@
 #include "train/optim.h"
 #include "train/periodic_sync.h"
 #include "train/pipeline/pipeline_trainer.h"
+#include "train/rank_device.h"
 #include "train/report.h"
 #include "train/sampler.h"
 #include "train/specs.h"
@@ -90,10 +89,8 @@ class Run {
       : config_(config),
         comm_(std::move(comm)),
         options_(options),
-        rank_(comm_->rank()),
-        device_(config.devices.at(size_t(rank_))),
-        memory_(device_.name, device_.memoryBytes),
-        computeClocks_(device::ComputeClocks::ofThisProcess(int(device_.threads))) {
+        device_(config, comm_->rank()),
+        computeClocks_(device::ComputeClocks::ofThisProcess(int(device_.config.threads))) {
     HETRA_ENFORCE_EQ(size_t(comm_->size()), config.devices.size(), "one rank per device");
     // A sharded run has no checkpoints yet (config validation refuses checkpoint_every).
     if (config.zero.stage > 0 && !options.resumeDir.empty())
@@ -101,9 +98,6 @@ class Run {
                             " with zero.stage = ", config.zero.stage,
                             ": resuming sharded runs is not implemented yet (zero.stage = 0 "
                             "resumes a data-parallel run)"));
-    setComputeThreads(int(device_.threads));
-    if (slowdownAt(device_, 0) > 1.0 || !device_.slowdownSchedule.empty())
-      device::SlowdownEmulator::tightenTimerSlack();
     makeDataAndModel();
     DataParallelOptions parallelOptions;
     parallelOptions.bucketBytes = size_t(config.train.bucketMib * (1 << 20));
@@ -118,7 +112,7 @@ class Run {
       device::MemoryScope buckets(device::MemoryCategory::kCommunication);
       parallel_ = std::make_unique<DataParallel>(model_, comm_, parallelOptions);
     }
-    memory_.trackGradients(model_->parameters());
+    device_.memory.trackGradients(model_->parameters());
     optimizer_ = makeOptimizer(model_->parameters(), optimSpecOf(config.train));
     sampler_ = std::make_unique<GlobalSampler>(trainData_->size(), config.train.globalBatch,
                                                uint64_t(config.train.seed));
@@ -142,7 +136,7 @@ class Run {
     startStep_ = resumed.step;
     if (resumed.dir.empty() && !zero_) parallel_->broadcastParameters();
     ReportOptions reportOptions;
-    reportOptions.enabled = rank_ == 0;
+    reportOptions.enabled = device_.rank == 0;
     reportOptions.metricsPath = options.metricsPath;
     reportOptions.appendMetrics = startStep_ > 0 || options.appendMetrics;
     reportOptions.progressBar = options.progressBar;
@@ -253,7 +247,7 @@ class Run {
       return trainStep(step);
     } catch (const DeviceOutOfMemoryError& e) {
       throw withWhatFits(e, config_, options_.makeModel, *trainData_,
-                         balancer_->plan().ranks[size_t(rank_)].microBatch, rank_);
+                         balancer_->plan().ranks[size_t(device_.rank)].microBatch, device_.rank);
     }
   }
 
@@ -264,32 +258,32 @@ class Run {
     span.arg("step", step + 1);
     // 1. This rank's slice of the step's global batch, as the balancer's plan splits it.
     const balance::Plan plan = balancer_->plan();
-    const auto& mine = plan.ranks[size_t(rank_)];
+    const auto& mine = plan.ranks[size_t(device_.rank)];
     // A local step of periodic averaging (train/periodic_sync.h) takes the same share but
     // all-reduces nothing; its timings reach the balancer with the round's.
     const bool local = periodic_ && periodic_->localAt(step);
     std::vector<double> report(kStatFields, 0.0);
     if (!local || periodic_->takesStep(step)) {
-      const auto indices = sampler_->indices(step, batchesOf(plan), rank_);
+      const auto indices = sampler_->indices(step, batchesOf(plan), device_.rank);
       if (zero_)
         zero_->beginStep(int64_t(microBatchSizes(mine.batch, mine.accumSteps).size()),
                          mostMicroBatches(plan));
       // 2. k micro-batches of at most m samples, summed gradients; 3. the last backward
       // all-reduces the gradient buckets as they become ready.
-      report = runMicroBatches(indices, mine, slowdownAt(device_, step), local);
+      report = runMicroBatches(indices, mine, slowdownAt(device_.config, step), local);
       {
         device::MemoryScope buckets(device::MemoryCategory::kCommunication);
         if (!local) {
           timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients");
           report[kCommSeconds] = zero_ ? zero_->finish() : parallel_->finish(1);
         }
-        memory_.adoptGradients();
+        device_.memory.adoptGradients();
       }
       // 4. The optimizer step, then the timings go to the balancer.
       timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
       {
         device::MemoryScope state(device::MemoryCategory::kOptimizerState);
-        device::ComputeScope segment(emulator_, slowdownAt(device_, step), computeClocks_);
+        device::ComputeScope segment(emulator_, slowdownAt(device_.config, step), computeClocks_);
         if (zero_) {
           zero_->updateShard(schedule_->lrAt(step), config_.train.gradClip);
         } else {
@@ -361,7 +355,7 @@ class Run {
       Batch batch = trainData_->get(part);
       data.end();
       device::MemoryScope activations(device::MemoryCategory::kActivations);
-      memory_.startMicroBatch();
+      device_.memory.startMicroBatch();
       // An emulated device of slowdown s takes s times the segment's work (device/compute_scope.h).
       device::ComputeScope segment(emulator_, slowdown, computeClocks_);
       timeline::Span forward(timeline::Lane::Compute, "compute", "forward");
@@ -381,7 +375,7 @@ class Run {
       (loss * lossScale).backward();
       report[kLossSum] += loss.item<double>();
       backward.end();
-      memory_.endMicroBatch(sizes[j]);
+      device_.memory.endMicroBatch(sizes[j]);
       segment.end();  // the emulation's sleep, on the timeline as "slowdown sleep"
       const double seconds = secondsSince(computeStart);
       report[kComputeSeconds] += seconds;
@@ -392,7 +386,7 @@ class Run {
       }
     }
     report[kObservations] = observations;
-    const ActivationMeasurement measured = memory_.takeMeasurement();
+    const ActivationMeasurement measured = device_.memory.takeMeasurement();
     report[kActivationSamples] = double(measured.samples);
     report[kActivationBytes] = double(measured.bytes);
     report[kActivationDevicePeak] = double(measured.devicePeak);
@@ -406,7 +400,7 @@ class Run {
     const uint64_t sent = comm_->bytesSent(), received = comm_->bytesReceived();
     report[kBytesSent] = double(sent - bytesSentBefore_);
     report[kBytesReceived] = double(received - bytesReceivedBefore_);
-    reportMemory(memory_, report.data() + kPeakBytes, report.data() + kMemoryFirst);
+    reportMemory(device_.memory, report.data() + kPeakBytes, report.data() + kMemoryFirst);
     bytesSentBefore_ = sent;
     bytesReceivedBefore_ = received;
     drain();
@@ -499,9 +493,7 @@ class Run {
   const RunConfig& config_;
   std::shared_ptr<comm::Communicator> comm_;
   TrainerOptions options_;
-  int rank_;
-  const DeviceConfig& device_;
-  DeviceMemory memory_;  // before every member that allocates tensors
+  RankDevice device_;  // before every member that allocates tensors
   device::ComputeClocks computeClocks_;
   std::shared_ptr<const Dataset> trainData_, testData_;
   std::shared_ptr<Model> model_;
@@ -529,16 +521,6 @@ class Run {
 };
 
 }  // namespace
-
-// A device of N threads must use N cores, also inside BLAS: OpenBLAS keeps its own thread pool,
-// sized for the whole machine and spinning between calls, which LibTorch's set_num_threads does not
-// touch. Looked up at run time, so other BLAS libraries simply skip this.
-void setComputeThreads(int threads) {
-  torch::set_num_threads(threads);
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    set(threads);
-}
 
 std::pair<std::shared_ptr<const Dataset>, std::shared_ptr<const Dataset>> loadTrainAndTestData(
     const RunConfig& config, const TrainerOptions& options) {

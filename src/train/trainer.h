@@ -39,9 +39,6 @@ struct TrainerOptions {
   std::function<std::shared_ptr<const Dataset>(bool train)> makeDataset;
 };
 
-// LibTorch's and OpenBLAS's compute threads, for a device of `threads` threads.
-void setComputeThreads(int threads);
-
 // The run's train and test sets: TrainerOptions::makeDataset's, else the config's [data].
 std::pair<std::shared_ptr<const Dataset>, std::shared_ptr<const Dataset>> loadTrainAndTestData(
     const RunConfig& config, const TrainerOptions& options);

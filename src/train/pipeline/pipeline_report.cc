@@ -12,6 +12,21 @@ namespace hetra::train::pipeline {
 
 using nlohmann::json;
 
+namespace {
+
+// One stage's part of a "pipeline_step" record (docs/metrics.md).
+json stageJson(size_t stage, const StageRecord& record) {
+  return {{"stage", stage},
+          {"device", record.device},
+          {"stage_s", record.stageSeconds},
+          {"step_s", record.stepSeconds},
+          {"idle_fraction", record.idleFraction()},
+          {"bytes_sent", record.bytesSent},
+          {"bytes_recv", record.bytesReceived}};
+}
+
+}  // namespace
+
 std::string blockRange(const std::vector<std::string>& names, int64_t first, int64_t last) {
   if (last - first == 1) return names[size_t(first)];
   return names[size_t(first)] + ".." + names[size_t(last) - 1];
@@ -63,16 +78,8 @@ void PipelineReport::step(const PipelineStepRecord& record) {
   const double samplesPerSecond = double(options_.globalBatch) / record.seconds;
   if (metrics_.is_open()) {
     json stages = json::array();
-    for (size_t i = 0; i < record.stages.size(); ++i) {
-      const StageRecord& s = record.stages[i];
-      stages.push_back({{"stage", i},
-                        {"device", s.device},
-                        {"stage_s", s.stageSeconds},
-                        {"step_s", s.stepSeconds},
-                        {"idle_fraction", s.idleFraction()},
-                        {"bytes_sent", s.bytesSent},
-                        {"bytes_recv", s.bytesReceived}});
-    }
+    for (size_t i = 0; i < record.stages.size(); ++i)
+      stages.push_back(stageJson(i, record.stages[i]));
     metrics_ << metricsLine("pipeline_step", {{"step", record.step},
                                               {"loss", record.loss},
                                               {"samples", options_.globalBatch},

@@ -17,6 +17,7 @@
 #include "train/pipeline/pipeline_report.h"
 #include "train/pipeline/profile.h"
 #include "train/pipeline/stage.h"
+#include "train/rank_device.h"
 #include "train/sampler.h"
 #include "train/specs.h"
 
@@ -115,14 +116,9 @@ class PipelineRun {
               const TrainerOptions& options)
       : config_(config),
         comm_(std::move(comm)),
-        rank_(comm_->rank()),
-        device_(config.devices.at(size_t(rank_))),
-        memory_(device_.name, device_.memoryBytes),
-        compute_(int(device_.threads)) {
+        device_(config, comm_->rank()),
+        compute_(int(device_.config.threads)) {
     HETRA_ENFORCE_EQ(int64_t(comm_->size()), config.parallel.pipeline, "one rank per stage");
-    setComputeThreads(int(device_.threads));
-    if (slowdownAt(device_, 0) > 1.0 || !device_.slowdownSchedule.empty())
-      device::SlowdownEmulator::tightenTimerSlack();
     makeDataAndModel(options);
     sampler_.emplace(trainData_->size(), config.train.globalBatch, uint64_t(config.train.seed));
     totalSteps_ =
@@ -133,7 +129,7 @@ class PipelineRun {
     keepStageBlocks();
     optimizer_ = makeOptimizer(stageParameters_, optimSpecOf(config.train));
     PipelineReportOptions reportOptions;
-    reportOptions.enabled = rank_ == 0;
+    reportOptions.enabled = device_.rank == 0;
     reportOptions.metricsPath = options.metricsPath;
     reportOptions.appendMetrics = options.appendMetrics;
     reportOptions.logEvery = config.train.logEvery;
@@ -189,18 +185,18 @@ class PipelineRun {
   void partition() {
     timeline::Span span(timeline::Lane::Compute, "compute", "pipeline profile");
     const std::vector<Batch> first = chunksOf(*trainData_, *sampler_, 0, {sizes_.front()});
-    const BlockProfile profile =
-        profileBlocks(*model_, first.front(), compute_, slowdownAt(device_, 0), kProfileRounds);
+    const BlockProfile profile = profileBlocks(*model_, first.front(), compute_,
+                                               slowdownAt(device_.config, 0), kProfileRounds);
     // Ranks that are threads of one process share its memory ledger: no cap is enforced there.
-    const int64_t cap = memory_.enforced() ? device_.memoryBytes : 0;
+    const int64_t cap = device_.memory.enforced() ? device_.config.memoryBytes : 0;
     const auto costs = shareCosts(profile, cap, fixedBytesOf(*model_, config_.train),
                                   config_.parallel.chunks, *comm_);
     partition_ = balance::partitionBy(config_.parallel.partition, costs);
     evenSeconds_ = evenStepSeconds(costs);
-    span_.stage = rank_;
+    span_.stage = device_.rank;
     span_.stages = comm_->size();
-    span_.first = partition_.bounds[size_t(rank_)];
-    span_.last = partition_.bounds[size_t(rank_) + 1];
+    span_.first = partition_.bounds[size_t(device_.rank)];
+    span_.last = partition_.bounds[size_t(device_.rank) + 1];
     if (span_.first > 0) span_.inputShape = profile.outputShapes[size_t(span_.first) - 1];
     stage_.emplace(*model_, span_, *comm_);
   }
@@ -219,7 +215,7 @@ class PipelineRun {
         }
       }
     }
-    memory_.trackGradients(stageParameters_);
+    device_.memory.trackGradients(stageParameters_);
   }
 
   // The whole test set through the pipeline in chunks of twice the training chunk (no gradients:
@@ -251,7 +247,7 @@ class PipelineRun {
     const auto start = Clock::now();
     timeline::Span span(timeline::Lane::Compute, "step", "step");
     span.arg("step", step + 1);
-    const double slowdown = slowdownAt(device_, step);
+    const double slowdown = slowdownAt(device_.config, step);
     const std::vector<Batch> chunks = chunksOf(*trainData_, *sampler_, step, sizes_);
     const uint64_t sent = comm_->bytesSent(), received = comm_->bytesReceived();
     StageStep result;
@@ -260,7 +256,7 @@ class PipelineRun {
       result =
           stage_->run(step, chunks, 1.0 / double(config_.train.globalBatch), compute_, slowdown);
     }
-    memory_.adoptGradients();
+    device_.memory.adoptGradients();
     {
       timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
       device::MemoryScope state(device::MemoryCategory::kOptimizerState);
@@ -302,9 +298,7 @@ class PipelineRun {
 
   const RunConfig& config_;
   std::shared_ptr<comm::Communicator> comm_;
-  int rank_;
-  const DeviceConfig& device_;
-  DeviceMemory memory_;  // before every member that allocates tensors
+  RankDevice device_;  // before every member that allocates tensors
   EmulatedDevice compute_;
   std::shared_ptr<const Dataset> trainData_, testData_;
   int64_t evaluations_ = 0;
