@@ -247,6 +247,25 @@ TEST(LocalJob, ARankKilledByASignal) {
   EXPECT_TRUE(contains(err, str("was killed by signal ", SIGUSR1))) << err;
 }
 
+TEST(LocalJob, TheRankThatEndedFirstIsTheFailureEvenWhenItsPipesOutliveIt) {
+  // Rank 1 leaves a process of another session holding its pipes (the launcher does not kill it
+  // with rank 1's process group), then is killed; ranks 0 and 2 fail a second later, as ranks
+  // that report a dead peer do. Rank 1's pipes reach end of file only after theirs: the launcher's
+  // reaping says that it ended first.
+  LocalJob job;
+  job.np = 3;
+  job.argv = {"sh", "-c",
+              "if [ $HETRA_RANK = 1 ]; then setsid sleep 4 & sleep 0.2; kill -KILL $$; fi; "
+              "sleep 1; exit 1"};
+  job.failureGrace = Millis(3000);
+  testing::internal::CaptureStderr();
+  const LocalJobEnd end = runLocalJob(job);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(end.code, 128 + SIGKILL) << err;
+  EXPECT_EQ(end.failure.rank, 1) << end.failure.how << "\n" << err;
+  EXPECT_TRUE(contains(end.failure.how, "ended without reporting why")) << end.failure.how;
+}
+
 TEST(LocalJob, AMissingProgramIsRefusedBeforeStarting) {
   LocalJob job;
   job.np = 2;

@@ -286,6 +286,12 @@ void RankWatch::loop() {
       }
       writeEndsClosed_ = true;
     }
+    // A reaped rank's pipe holds all it wrote before it ended: read it, then end the rank.
+    for (auto& rank : ranks_)
+      if (rank.reaped && !rank.ended) {
+        readBeat(rank);
+        markEnded(rank);
+      }
     const auto now = Clock::now();
     for (auto& rank : ranks_) checkHung(rank, now);
   }
@@ -372,6 +378,15 @@ void RankWatch::checkHung(Rank& rank, Clock::time_point now) {
   if (options_.onHung) options_.onHung(int(&rank - ranks_.data()), rank.pid, rank.host, rank.hung);
 }
 
+void RankWatch::rankReaped(int rank) {
+  HETRA_ENFORCE(rank >= 0 && rank < int(ranks_.size()), "no rank ", rank);
+  std::lock_guard<std::mutex> lock(mutex_);
+  Rank& r = ranks_[size_t(rank)];
+  if (r.ended || r.reaped) return;
+  r.reaped = true;
+  if (r.endOrder == 0) r.endOrder = endCounter_;  // it ended by now: this round at the latest
+}
+
 RankWatch::Failure RankWatch::firstFailure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const Rank* first = nullptr;
@@ -381,7 +396,7 @@ RankWatch::Failure RankWatch::firstFailure() const {
   auto rankOf = [](const Rank& r) { return r.hung.empty() && r.said ? 1 : 0; };
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& r = ranks_[i];
-    const bool failed = !r.hung.empty() || (r.ended && (!r.said || r.code != 0));
+    const bool failed = !r.hung.empty() || ((r.ended || r.reaped) && (!r.said || r.code != 0));
     if (!failed) continue;
     if (!first || r.endOrder < first->endOrder ||
         (r.endOrder == first->endOrder && rankOf(r) < rankOf(*first))) {

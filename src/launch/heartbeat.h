@@ -94,6 +94,10 @@ class RankWatch {
   std::vector<int> closeInRank(int rank) const;
   // Stops watching once every rank has ended (or after `timeout`), draining their pipes.
   void finish(Millis timeout = Millis(2000));
+  // The launcher reaped the process of `rank`: it has ended, whatever its pipes say (a process
+  // it started, or any other holder of its pipe's write end, would delay their end of file past the
+  // ends of the ranks that report its death, and make one of them look first). Any thread.
+  void rankReaped(int rank);
   // The rank that failed first (by the time the watch saw it), with its tail.
   Failure firstFailure() const;
   // The tail of one rank (tests, messages).
@@ -105,6 +109,7 @@ class RankWatch {
     int pid = 0;
     std::string host;
     bool hello = false, ended = false, said = false, errClosed = false;
+    bool reaped = false;  // by the launcher (rankReaped); the watch's thread then ends it
     int code = 0;
     std::string message, partialErr, partialBeat;
     std::deque<std::string> tail;

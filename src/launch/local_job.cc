@@ -166,6 +166,7 @@ LocalJobEnd runLocalJob(const LocalJob& job) {
   options.failureGrace = job.failureGrace;
   options.stopGrace = job.stopGrace;
   options.captureStderr = job.captureStderr;
+  options.onReaped = [&watch](size_t rank, int) { watch.rankReaped(int(rank)); };
   LocalJobEnd end;
   end.code = superviseChildren(children, options, signals);
   watch.finish();

@@ -257,6 +257,7 @@ int superviseChildren(const std::vector<ChildProcess>& children, const Supervise
       const size_t i = size_t(it - pids.begin());
       running[i] = false;
       --live;
+      if (options.onReaped) options.onReaped(i, status);
       // Its group may hold processes it started; they go with it.
       kill(-pid, SIGKILL);
       if (status == 0) continue;

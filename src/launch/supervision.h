@@ -13,6 +13,7 @@
 
 #include <signal.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,6 +60,8 @@ struct SuperviseOptions {
   // tailLines of the child that failed are part of the failure message (with the host's name).
   bool captureStderr = false;
   size_t tailLines = 20;
+  // Called (on the supervising thread) as each child is reaped, with its index and wait status.
+  std::function<void(size_t child, int status)> onReaped;
 };
 
 // Starts every child in its own process group and waits for all of them. SIGINT, SIGTERM and
