@@ -7,7 +7,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 HETRA := $(BUILD)/tools/hetra/hetra
 
-.PHONY: all deps build test test-python test-asan test-asan-train test-tsan test-fuzz test-mpi build-cuda demo bench image format clean
+.PHONY: all deps build test test-python test-asan test-tsan test-fuzz test-mpi build-cuda demo bench image format clean
 
 all: build
 
@@ -18,24 +18,23 @@ build: deps
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Every test; then the communication, store, authentication and rank-environment tests again under
-# AddressSanitizer + UBSan and the communication tests under ThreadSanitizer, and the training,
-# launcher, CLI, elastic and config tests under AddressSanitizer + UBSan; then each fuzz target for
-# FUZZ_SECONDS; then the MPI transport; then the CUDA build where the toolkit is installed.
+# Every test; the Python package's; then the communication, store, authentication, rank-environment,
+# training, launcher, CLI, elastic and config tests again under AddressSanitizer + UBSan and the
+# communication tests under ThreadSanitizer; then each fuzz target for FUZZ_SECONDS; then the MPI
+# transport; then the CUDA build where the toolkit is installed.
 # Each ctest run (and pytest) leaves a JUnit report; the last line of make test adds them all up.
 JUNIT := ctest-junit.xml
 PYTEST_JUNIT := pytest-junit.xml
 test: build
-	@rm -f $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
+	@rm -f $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300 --output-junit $(JUNIT)
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory test-asan
-	@$(MAKE) --no-print-directory test-asan-train
 	@$(MAKE) --no-print-directory test-tsan
 	@$(MAKE) --no-print-directory test-fuzz
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory build-cuda
-	@scripts/test-summary.sh $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
+	@scripts/test-summary.sh $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
 
 # The Python package (python/): hetra._core from this build, its tests with pytest on real processes
 # (Debian's interpreter: the first python3 on PATH may not see Debian's torch and pytest).
@@ -50,24 +49,17 @@ space := $(empty) $(empty)
 label-targets = $(addprefix tests-,$(1))
 label-regex = ^($(subst $(space),|,$(strip $(1))))$$
 
-# The comm sanitizer builds leave LibTorch out: they check our communication code (and the launch
-# library's rank environments), not LibTorch's.
-ASAN_LABELS := comm store launch
+# One AddressSanitizer + UBSan build for every layer: our code instrumented, LibTorch as Debian
+# built it. The communication, store and rank-environment tests, then the training tests, the
+# launcher and CLI tests (tools: they run this build's hetra binary, so elastic runs train) and the
+# config tests.
+ASAN_LABELS := comm store launch train tools config
 test-asan: deps
-	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=address >/dev/null
+	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=ON -DHETRA_SANITIZE=address >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target $(call label-targets,$(ASAN_LABELS))
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(call label-regex,$(ASAN_LABELS))" --output-junit $(JUNIT)
 
-# The training tests, the launcher and CLI tests (tools: they run this build's hetra binary, so
-# elastic runs train) and the config tests under ASan+UBSan: our code instrumented, LibTorch as
-# Debian built it.
-ASAN_TRAIN_BUILD ?= build-asan-train
-ASAN_TRAIN_LABELS := train tools config
-test-asan-train: deps
-	@cmake -S . -B $(ASAN_TRAIN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_SANITIZE=address >/dev/null
-	@cmake --build $(ASAN_TRAIN_BUILD) -j $(JOBS) --target $(call label-targets,$(ASAN_TRAIN_LABELS))
-	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_TRAIN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(call label-regex,$(ASAN_TRAIN_LABELS))" --output-junit $(JUNIT)
-
+# The thread sanitizer build leaves LibTorch out: it checks our communication code, not LibTorch's.
 TSAN_LABELS := comm
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=thread >/dev/null
@@ -124,4 +116,4 @@ format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(ASAN_TRAIN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(MPI_BUILD) $(CUDA_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(MPI_BUILD) $(CUDA_BUILD)

@@ -69,7 +69,9 @@ void expectExact(const Split& split, size_t bucketBytes, const std::string& tran
       torch::NoGradGuard noGrad;
       for (auto& p : model->parameters()) p.add_(0.5);
     }
-    DataParallel parallel(model, comm, DataParallelOptions{bucketBytes});
+    DataParallelOptions parallelOptions;
+    parallelOptions.bucketBytes = bucketBytes;
+    DataParallel parallel(model, comm, parallelOptions);
     parallel.broadcastParameters();
     int64_t offset = 0;
     for (int r = 0; r < rank; ++r) offset += split.batches[size_t(r)];
