@@ -11,7 +11,8 @@
 // in one heap, which no run does.
 //   accounting_cost [CONFIG] [MICRO_BATCH] [PAIRS] [STEPS]
 // Defaults: examples/fashion_mnist_hetero.toml, 293 samples (the fast device's share of the demo's
-// 512), 6 pairs of children, 300 steps each (after 20 of warm-up).
+// 512), 6 pairs of children, 300 steps each (after 20 of warm-up). HETRA_KEEP_HOST_HEAP=0 measures
+// with glibc's adaptive heap (device/host_heap.h).
 #include <c10/core/CPUAllocator.h>
 #include <time.h>
 #include <torch/torch.h>
@@ -73,8 +74,10 @@ struct Measurement {
 // One child: the accounting as the environment says, as in a run.
 Measurement measure(const std::string& path, int64_t microBatch, int steps) {
   const train::RunConfig config = train::loadConfig(path, {});
-  train::setComputeThreads(1);             // a demo device has one thread
-  train::DeviceMemory memory("bench", 0);  // with the accounting on: the counting allocator
+  // As a trainer sets up its rank (compute threads, host heap, DeviceMemory: with the accounting
+  // on, the counting allocator): the config's first device, the demo's fast one.
+  train::RankDevice device(config, 0);
+  train::DeviceMemory& memory = device.memory;
   auto data = train::makeDataset(train::dataSpecOf(config), /*train=*/true);
   std::shared_ptr<train::Model> model;
   {

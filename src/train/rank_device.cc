@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <torch/torch.h>
 
+#include "device/host_heap.h"
 #include "device/slowdown.h"
 
 namespace hetra::train {
@@ -22,6 +23,7 @@ RankDevice::RankDevice(const RunConfig& runConfig, int rankIndex)
       config(runConfig.devices.at(size_t(rankIndex))),
       memory(config.name, config.memoryBytes) {
   setComputeThreads(int(config.threads));
+  device::keepHostHeap();  // a step's tensors stay in the heap for the next (device/host_heap.h)
   // A slowed device sleeps in short pieces; the kernel's default slack would stretch each one.
   if (slowdownAt(config, 0) > 1.0 || !config.slowdownSchedule.empty())
     device::SlowdownEmulator::tightenTimerSlack();

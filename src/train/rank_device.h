@@ -1,7 +1,8 @@
 // The device a rank trains on, as both trainers (data-parallel, train/trainer.cc; pipeline,
 // train/pipeline/pipeline_trainer.cc) set it up before anything else: its entry of the config, its
-// memory (the ledger claim and the cap every later allocation is counted against) and the process's
-// compute threads and timer slack for the device's emulated speed.
+// memory (the ledger claim and the cap every later allocation is counted against), the process's
+// compute threads and timer slack for the device's emulated speed, and its host heap kept
+// (device/host_heap.h).
 #pragma once
 
 #include "train/config.h"
