@@ -387,6 +387,21 @@ TEST(SmallShared, SizeMismatchAcrossPathsFailsOnEveryRank) {
   expectThrown<MismatchError>(errors, everyRank(3), "mismatched collective");
 }
 
+TEST(SmallShared, MismatchBetweenSmallCallsStillReleasesAPeerOnThePipelinedPath) {
+  // Ranks 0 and 1 meet on the small path with different counts and throw there; rank 2 took the
+  // pipelined algorithm and waits for their steps: it must get the mismatch too, not a timeout.
+  auto errors = runFailing(3, [](int rank, SharedArena& arena, Transport&) {
+    std::vector<float> buf;
+    const size_t count = rank == 2 ? 100000 : size_t(10 + rank);
+    const AllreduceArgs args = inPlaceArgs(buf, count, testDeadline());
+    if (smallSharedFits(arena, args.count * sizeof(float)))
+      allreduceSmallShared(arena, args);
+    else
+      allreduceShared(arena, args);
+  });
+  expectThrown<MismatchError>(errors, everyRank(3), "mismatched collective");
+}
+
 // Rank 1 never calls the collective: rank 0 must time out naming it.
 void expectMissingRankTimesOut(Link link, const AllreduceOn& allreduce) {
   auto store = test::newGroupStore();

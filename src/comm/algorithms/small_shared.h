@@ -1,9 +1,9 @@
 // Collectives for small messages through the shared arena's small slots: one sync point per
 // operation. Each rank writes its OpHeader, a stamp naming the operation and its payload together
-// into its small slot, posts once and waits once for every other rank; readers check every peer's
-// header as they read its payload, so a mismatched call throws MismatchError on every rank and no
-// rank reads a peer's data for a call it did not make. No heap allocation and no lock for groups of
-// up to 64 ranks.
+// into its small slot, waits once for every other rank's stamp, then posts; readers check every
+// peer's header as they read its payload, so a mismatched call throws MismatchError on every rank
+// and no rank reads a peer's data for a call it did not make. No heap allocation and no lock for
+// groups of up to 64 ranks.
 //
 // Every rank reads every peer's whole payload, so the time grows with size * bytes: the cost model
 // (smallSharedSeconds) is what makes the pipelined algorithms of shared.h win for larger
