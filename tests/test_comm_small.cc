@@ -92,10 +92,16 @@ std::vector<uint8_t> filled(DType dtype, size_t count, int ranks, int rank) {
   return buffer;
 }
 
-// Counts that matter for a dtype: none, one, an odd one, and the largest that `capacity` bytes
-// hold.
-std::vector<size_t> countsFor(DType dtype, size_t capacity = smallSharedCapacity()) {
-  return {0, 1, 37, capacity / dtypeSize(dtype)};
+// Counts that matter for a dtype: none, one, an odd one, the largest that `capacity` bytes hold,
+// and either side of `boundary` bytes (where an algorithm changes its message size) if given.
+std::vector<size_t> countsFor(DType dtype, size_t capacity = smallSharedCapacity(),
+                              size_t boundary = 0) {
+  std::vector<size_t> counts = {0, 1, 37, capacity / dtypeSize(dtype)};
+  if (boundary > 0) {
+    counts.push_back(boundary / dtypeSize(dtype));
+    counts.push_back(boundary / dtypeSize(dtype) + 1);
+  }
+  return counts;
 }
 
 // A rank's first wrong elements: collected rather than thrown, so that the ranks stay in step, and
@@ -125,13 +131,15 @@ void runGroup(int n, const std::function<void(int, SharedArena&, Failures&)>& bo
   });
 }
 
-// Every dtype and op, counts up to `capacity` bytes, in place and not, through `allreduce`.
+// Every dtype and op, counts up to `capacity` bytes (and either side of `boundary`), in place and
+// not, through `allreduce`.
 void sweepAllreduce(int n, int rank, size_t capacity, Failures& failures,
-                    const std::function<void(const AllreduceArgs&)>& allreduce) {
+                    const std::function<void(const AllreduceArgs&)>& allreduce,
+                    size_t boundary = 0) {
   uint64_t seq = 0;
   for (DType dtype : kAllDTypes)
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg})
-      for (size_t count : countsFor(dtype, capacity)) {
+      for (size_t count : countsFor(dtype, capacity, boundary)) {
         auto in = filled(dtype, count, n, rank);
         auto out = std::vector<uint8_t>(in.size(), 0xEE);
         const bool inPlace = seq % 2 == 1;
@@ -167,6 +175,10 @@ TEST(SmallShared, AllreduceEveryDtypeOpAndCount) {
   }
 }
 
+// The payload of recursive doubling's smallest envelope (small_tcp.cc): counts either side of it
+// travel in envelopes of different sizes.
+constexpr size_t kFirstEnvelopeClass = 1024;
+
 TEST(RecursiveDoubling, AllreduceEveryDtypeOpAndCount) {
   for (Link link : {Link::Tcp, Link::Shm})
     for (int n : kWorldSizes) {
@@ -174,7 +186,8 @@ TEST(RecursiveDoubling, AllreduceEveryDtypeOpAndCount) {
       runGroupOn(link, n, [n](int rank, Transport& transport, Failures& failures) {
         sweepAllreduce(
             n, rank, recursiveDoublingCapacity(), failures,
-            [&](const AllreduceArgs& args) { allreduceRecursiveDoubling(transport, args); });
+            [&](const AllreduceArgs& args) { allreduceRecursiveDoubling(transport, args); },
+            kFirstEnvelopeClass);
       });
     }
 }
@@ -358,6 +371,29 @@ TEST(RecursiveDoubling, MismatchedCallsFailOnEveryRank) {
   for (Link link : {Link::Tcp, Link::Shm}) {
     SCOPED_TRACE(linkName(link));
     expectEveryMismatchCaught(link, allreduceRecursiveDoubling);
+  }
+}
+
+TEST(RecursiveDoubling, CallsInDifferentEnvelopeClassesFailOnEveryRank) {
+  // Rank 2's call needs the larger envelope: its message to rank 0 (which folds it in) has another
+  // size than rank 0's receive, which the transport refuses. Rank 0 aborts the group with that, as
+  // the communicator does with a failed operation, so nobody hangs and nobody gets a result.
+  for (Link link : {Link::Tcp, Link::Shm}) {
+    SCOPED_TRACE(linkName(link));
+    auto store = test::newGroupStore();
+    auto errors = runRanksCollect(3, [&](int rank) {
+      auto transport = connect(link, store, rank, 3);
+      std::vector<float> buf;
+      const size_t count = rank == 2 ? kFirstEnvelopeClass / sizeof(float) + 1 : 16;
+      try {
+        allreduceRecursiveDoubling(*transport, inPlaceArgs(buf, count, testDeadline()));
+      } catch (const MismatchError& e) {
+        transport->abort(e.what());
+        throw;
+      }
+    });
+    expectThrown<MismatchError>(errors, {0}, "posted a receive of");
+    expectThrown<PeerAbortedError>(errors, {1, 2}, "posted a receive of");
   }
 }
 

@@ -2,7 +2,9 @@
 #include "comm/algorithms/small_tcp.h"
 
 #include <bit>
+#include <cstddef>
 #include <cstring>
+#include <iterator>
 
 #include "comm/algorithms/p2p.h"
 #include "common/errors.h"
@@ -10,7 +12,18 @@
 namespace hetra::comm {
 namespace {
 
-constexpr size_t kCapacity = 1024;
+// Payload sizes of the envelopes: an operation sends the smallest that holds it, so that calls of
+// different counts within one class still meet (and calls of different classes fail in the
+// transport, whose receives name exact sizes). Over loopback an 8 KiB envelope takes one round
+// trip where `direct` takes two.
+constexpr size_t kClasses[] = {1024, 8192};
+constexpr size_t kCapacity = kClasses[std::size(kClasses) - 1];
+
+size_t classOf(size_t bytes) {
+  for (size_t c : kClasses)
+    if (bytes <= c) return c;
+  return kCapacity;
+}
 
 // Two calls that differ, as the first rank to see them recorded it; `first` < 0: none seen.
 struct Conflict {
@@ -28,13 +41,19 @@ struct Envelope {
   alignas(8) uint8_t payload[kCapacity];
 };
 
+// The bytes of an envelope whose payload class is `payloadBytes`: the unused classes stay off the
+// wire.
+size_t wireBytes(size_t payloadBytes) {
+  return offsetof(Envelope, payload) + payloadBytes;
+}
+
 // Sends `mine` to `peer` and receives the peer's envelope into `theirs` (either may be null to
-// only receive or only send).
-void swap(Transport& transport, int peer, const Envelope* mine, Envelope* theirs,
+// only receive or only send); both of `bytes` wire bytes.
+void swap(Transport& transport, int peer, const Envelope* mine, Envelope* theirs, size_t bytes,
           Deadline deadline) {
   RequestPtr send, recv;
-  if (theirs) recv = transport.irecv(peer, kHeaderTag, theirs, sizeof(Envelope));
-  if (mine) send = transport.isend(peer, kHeaderTag, mine, sizeof(Envelope));
+  if (theirs) recv = transport.irecv(peer, kHeaderTag, theirs, bytes);
+  if (mine) send = transport.isend(peer, kHeaderTag, mine, bytes);
   if (recv) recv->wait(deadline);
   if (send) send->wait(deadline);
 }
@@ -72,26 +91,30 @@ void allreduceRecursiveDoubling(Transport& transport, const AllreduceArgs& args)
   const size_t bytes = args.count * dtypeSize(args.dtype);
   HETRA_ENFORCE(bytes <= kCapacity, "recursive-doubling allreduce of ", bytes,
                 " bytes; it takes at most ", kCapacity);
-  Envelope mine{}, theirs;  // zeroed: the unused payload goes on the wire too
+  const size_t wire = wireBytes(classOf(bytes));
+  Envelope mine, theirs;
+  // Zeroed as far as it goes on the wire: the head's padding and the class's unused payload.
+  std::memset(static_cast<void*>(&mine), 0, wire);  // trivially copyable; fields set below
   mine.call = OpHeader::of(args);
+  mine.conflict = Conflict{};
   if (bytes > 0) std::memcpy(mine.payload, args.in, bytes);
   const int p = int(std::bit_floor(unsigned(n)));
   if (me >= p) {
     // Folded: rank me - p reduces for this rank and sends back the result (or the conflict).
-    swap(transport, me - p, &mine, nullptr, args.deadline);
-    swap(transport, me - p, nullptr, &mine, args.deadline);
+    swap(transport, me - p, &mine, nullptr, wire, args.deadline);
+    swap(transport, me - p, nullptr, &mine, wire, args.deadline);
   } else {
     const bool hasFolded = me + p < n;
     if (hasFolded) {
-      swap(transport, me + p, nullptr, &theirs, args.deadline);
+      swap(transport, me + p, nullptr, &theirs, wire, args.deadline);
       merge(mine, me, theirs, me + p, args);
     }
     for (int mask = 1; mask < p; mask <<= 1) {
       const int partner = me ^ mask;
-      swap(transport, partner, &mine, &theirs, args.deadline);
+      swap(transport, partner, &mine, &theirs, wire, args.deadline);
       merge(mine, me, theirs, partner, args);
     }
-    if (hasFolded) swap(transport, me + p, &mine, nullptr, args.deadline);
+    if (hasFolded) swap(transport, me + p, &mine, nullptr, wire, args.deadline);
   }
   throwIfConflict(mine.conflict, me);
   if (bytes > 0) std::memcpy(args.out, mine.payload, bytes);
@@ -108,7 +131,7 @@ double recursiveDoublingSeconds(size_t bytes, int size, double alphaSeconds,
   const int exchanges = std::countr_zero(unsigned(p)) + (p < size ? 2 : 0);
   // Reducing runs at memory speed, far above a link's: it matters only for the largest messages.
   constexpr double kReduceBytesPerSecond = 4.0e9;
-  return exchanges * (alphaSeconds + double(sizeof(Envelope)) / betaBytesPerSecond +
+  return exchanges * (alphaSeconds + double(wireBytes(classOf(bytes))) / betaBytesPerSecond +
                       double(bytes) / kReduceBytesPerSecond);
 }
 

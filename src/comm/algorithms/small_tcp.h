@@ -2,12 +2,13 @@
 // few system calls): recursive doubling, log2(size) exchanges with a partner, each message carrying
 // the sender's OpHeader next to its partial result, so there is no separate header round.
 //
-// Messages have one fixed size (the envelope: headers and recursiveDoublingCapacity() payload
-// bytes) whatever the count, so that calls of different counts still meet, and a rank that saw a
-// mismatch passes it on in every later message: a mismatched call (count, dtype, op, seq) throws
-// MismatchError on every rank once the exchanges are done, never a hang or a wrong result. A peer
-// that runs another algorithm for the same call (the ring) meets an envelope where it expects a
-// header, which the transport reports as a MismatchError and aborts the group with.
+// Messages come in a few fixed sizes (envelopes: headers and a payload class of 1 or 8 KiB, the
+// smallest that holds the call), so that calls of different counts in one class still meet, and a
+// rank that saw a mismatch passes it on in every later message: a mismatched call (count, dtype,
+// op, seq) throws MismatchError on every rank once the exchanges are done, never a hang or a wrong
+// result. Calls of different classes, or a peer that runs another algorithm for the same call
+// (the ring), meet a message of another size than they expect, which the transport reports as a
+// MismatchError and aborts the group with.
 //
 // World sizes that are not a power of two fold the extra ranks: rank p + k (p the largest power
 // of two not above size) hands its input to rank k, which returns the result at the end. Every
