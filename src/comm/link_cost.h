@@ -15,6 +15,11 @@ struct LinkCost {
   }
 };
 
+// Bytes per second one core reduces (reads two buffers, writes one) in host memory: the cost of a
+// reduction that does not overlap a transfer. About 2/3 of one core's memcpy rate (2 streams
+// against 3), 9 GB/s on the machines of docs/benchmarks.md; rounded down.
+constexpr double kHostReduceBytesPerSecond = 4.0e9;
+
 // Parses "LATENCY,BANDWIDTH" such as "5us,5GB/s" or "50us,1gbit"; throws ConfigError naming it.
 LinkCost parseLinkCost(const std::string& text);
 

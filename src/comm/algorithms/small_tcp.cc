@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "comm/algorithms/p2p.h"
+#include "comm/link_cost.h"
 #include "common/errors.h"
 
 namespace hetra::comm {
@@ -130,9 +131,8 @@ double recursiveDoublingSeconds(size_t bytes, int size, double alphaSeconds,
   const int p = int(std::bit_floor(unsigned(size)));
   const int exchanges = std::countr_zero(unsigned(p)) + (p < size ? 2 : 0);
   // Reducing runs at memory speed, far above a link's: it matters only for the largest messages.
-  constexpr double kReduceBytesPerSecond = 4.0e9;
   return exchanges * (alphaSeconds + double(wireBytes(classOf(bytes))) / betaBytesPerSecond +
-                      double(bytes) / kReduceBytesPerSecond);
+                      double(bytes) / kHostReduceBytesPerSecond);
 }
 
 }  // namespace hetra::comm
