@@ -83,7 +83,10 @@ uint64_t exchange(SharedArena& arena, const OpHeader& mine, const void* payload,
   headOf(arena, me, op).header = mine;
   stampOf(arena, me, op).store(op + 1, std::memory_order_release);
   arena.header(me, op) = mine;  // for a peer that took the algorithms of shared.h
-  bool posted = false;
+  // With more ranks than CPUs a rank can be preempted between its stamp and a late post, and the
+  // peers that sleep on its step would wait for it to run again: post at once.
+  bool posted = arena.oversubscribed();
+  if (posted) arena.post();
   try {
     for (int r = 0; r < arena.size(); ++r) {
       if (r == me) continue;

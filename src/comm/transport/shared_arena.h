@@ -63,8 +63,9 @@ class SharedArena {
     uint8_t* slots = nullptr;     // size slots, slotStride bytes apart
     size_t slotBytes = 0;
     size_t slotStride = 0;
-    uint64_t spinNs = 0;   // how long a waiter spins before it yields or sleeps
-    uint64_t yieldNs = 0;  // then how long it calls sched_yield before it sleeps
+    uint64_t spinNs = 0;          // how long a waiter spins before it yields or sleeps
+    uint64_t yieldNs = 0;         // then how long it calls sched_yield before it sleeps
+    bool oversubscribed = false;  // more ranks than CPUs: a rank may be preempted at any point
     Monitor* monitor = nullptr;
     uint8_t* smallSlots = nullptr;  // 2 * size small slots, kSmallSlotBytes each; see smallSlot()
   };
@@ -103,6 +104,7 @@ class SharedArena {
 
   // How long waitFor() spins before it yields: for callers that spin on a word of their own.
   uint64_t spinNs() const { return l_.spinNs; }
+  bool oversubscribed() const { return l_.oversubscribed; }
 
   // Advances this rank's step, publishing every write made before it.
   void post() {

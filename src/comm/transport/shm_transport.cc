@@ -52,7 +52,7 @@ const Param kRingBytes(
     "a power of two, reduced for large groups.");
 const Param kSpinUs("HETRA_SHM_SPIN_US", "2",
                     "Microseconds a shared-memory waiter spins (pause loop) before it starts to "
-                    "yield its CPU.");
+                    "yield its CPU (0 with more ranks than CPUs).");
 const Param kYieldUs("HETRA_SHM_YIELD_US", "100",
                      "Microseconds a shared-memory waiter then keeps checking between sched_yield "
                      "calls before it sleeps on a futex.");
@@ -255,15 +255,18 @@ class ShmTransport : public Transport, public SharedArena::Monitor {
       throw;
     }
 
-    // Spin only briefly: with more ranks than CPUs, or when the scheduler put two ranks on one
-    // CPU, spinning only delays the rank being waited for. Yielding keeps the latency of a spin
-    // when the CPU has nothing else to run and hands it to the awaited rank when that rank waits
-    // for it. Sleeping comes last because a futex wake-up takes 5-50 us here (more in a VM): ranks
-    // in step that slept on every sync point would pay that on each one.
+    // With more ranks than CPUs do not spin: spinning only delays the rank being waited for,
+    // which may need this CPU (4 ranks on 2 CPUs, 8 B allreduce: 5.6-13 us spinning 1 us, 3.4-3.6
+    // without, 2026-12-02). Yielding keeps the latency of a spin when the CPU has nothing else to
+    // run and hands it to the awaited rank when that rank waits for it. Sleeping comes last
+    // because a futex wake-up takes 5-50 us here (more in a VM): ranks in step that slept on every
+    // sync point would pay that on each one.
     spinNs_ = uint64_t(std::max<int64_t>(kSpinUs.integer(), 0)) * 1000;
     yieldNs_ = uint64_t(std::max<int64_t>(kYieldUs.integer(), 0)) * 1000;
-    if (size_ > usableCpus()) spinNs_ = std::min<uint64_t>(spinNs_, 1000);
+    const bool oversubscribed = size_ > usableCpus();
+    if (oversubscribed) spinNs_ = 0;
     SharedArena::Layout arena;
+    arena.oversubscribed = oversubscribed;
     arena.rank = rank_;
     arena.size = size_;
     arena.steps = reinterpret_cast<SharedArena::StepWord*>(base_ + layout_.steps);
