@@ -92,12 +92,6 @@ class Run {
         device_(config, comm_->rank()),
         computeClocks_(device::ComputeClocks::ofThisProcess(int(device_.config.threads))) {
     HETRA_ENFORCE_EQ(size_t(comm_->size()), config.devices.size(), "one rank per device");
-    // A sharded run has no checkpoints yet (config validation refuses checkpoint_every).
-    if (config.zero.stage > 0 && !options.resumeDir.empty())
-      throw ConfigError(str("--resume ", options.resumeDir,
-                            " with zero.stage = ", config.zero.stage,
-                            ": resuming sharded runs is not implemented yet (zero.stage = 0 "
-                            "resumes a data-parallel run)"));
     makeDataAndModel();
     DataParallelOptions parallelOptions;
     parallelOptions.bucketBytes = size_t(config.train.bucketMib * (1 << 20));
@@ -124,14 +118,13 @@ class Run {
     schedule_ = std::make_unique<LrSchedule>(scheduleSpecOf(config.train, totalSteps_));
     balancer_ = std::make_unique<balance::Balancer>(
         balancerOptionsOf(config), zero_ ? zeroCaps_ : rankCapsOf(config, footprint_));
-    if (!zero_) {
-      TrainingParts parts{*model_, *optimizer_, *balancer_, *parallel_};
-      parts.periodic = periodic_.get();
-      checkpoints_.emplace(config, *comm_, parts);
-    }
+    TrainingParts parts{*model_, *optimizer_, *balancer_, parallel_.get()};
+    parts.periodic = periodic_.get();
+    parts.zero = zero_.get();  // a sharded run saves and resumes its shards (resharding)
+    checkpoints_.emplace(config, *comm_, parts);
     const auto resumed = [&] {
       device::MemoryScope state(device::MemoryCategory::kOptimizerState);  // loaded on resume
-      return zero_ ? RunCheckpoints::Resumed{} : checkpoints_->start(options.resumeDir);
+      return checkpoints_->start(options.resumeDir);
     }();
     startStep_ = resumed.step;
     if (resumed.dir.empty() && !zero_) parallel_->broadcastParameters();
