@@ -4,8 +4,9 @@
 // sizes), on two devices under another stage, and under data parallelism, each run's final
 // checkpoint holds the state of the uninterrupted run's, within 1e-5 relative, for SGD with
 // momentum and for Adam. An elastic restart after a rank is killed reshards onto the survivors and
-// ends the same way. A checkpoint of another model or optimizer, or of the other kind (sharded,
-// data-parallel), is refused with ConfigError naming what differs.
+// ends the same way. A checkpoint of another model or optimizer, or a data-parallel one in a
+// sharded run, is refused with ConfigError naming what differs. A resumed rank reads and verifies
+// only the saved shards that overlap its own.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -350,11 +351,12 @@ mode = "static"
   return parseConfig(text, "zero-checkpoint-test", all);
 }
 
-std::vector<std::exception_ptr> trainRanks(const RunConfig& config, const std::string& resume) {
+std::vector<std::exception_ptr> trainRanks(const RunConfig& config, const std::string& resume,
+                                           Millis timeout = Millis(20000)) {
   auto store = std::make_shared<store::MemoryStore>();
   return test::runRanksCollect(3, [&](int rank) {
     comm::GroupOptions options;
-    options.timeout = Millis(20000);
+    options.timeout = timeout;
     auto comm = comm::Communicator::create(store, rank, 3, options);
     TrainerOptions trainer;
     trainer.resumeDir = resume;
@@ -407,6 +409,44 @@ TEST(ZeroCheckpoint, ACheckpointOfAnotherModelOrOptimizerIsRefusedNamingWhatDiff
       other.find("the checkpoint is of a run with zero.stage = 0, this run has zero.stage = 1"),
       std::string::npos)
       << other;
+  fs::remove_all(dir);
+}
+
+// A resumed rank reads only the saved shards that overlap its own, and verifies the chunks it
+// reads: with one byte of shard-1.bin flipped, the rank whose shard it is (the same even shards
+// again) fails naming the file, the others never open it. Resuming checks the shard files by size,
+// the full check reads them.
+TEST(ZeroCheckpoint, EachRankReadsAndVerifiesOnlyTheShardsOverlappingItsOwn) {
+  const auto dir = freshDir("corrupt");
+  const std::vector<std::string> sets = {"zero.stage=3", "zero.shards=even"};
+  for (const auto& e : trainRanks(inProcessConfig(dir / "saved", sets), "")) ASSERT_FALSE(e);
+  const fs::path saved = dir / "saved" / "step-2";
+  {
+    std::fstream file(saved / "shard-1.bin", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(5);
+    const char byte = char(file.get() ^ 0x10);
+    file.seekp(5);
+    file.put(byte);
+  }
+  EXPECT_NE(checkCheckpoint(saved.string()).find("shard-1.bin has CRC32C"), std::string::npos);
+  EXPECT_EQ(findCheckpoint(saved.string()), saved.string());
+  auto resumed = sets;
+  resumed.push_back("train.steps=4");
+  const auto errors =
+      trainRanks(inProcessConfig(dir / "resumed", resumed), saved.string(), Millis(5000));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(errors[size_t(r)]) << "rank " << r << " trained without rank 1";
+    try {
+      std::rethrow_exception(errors[size_t(r)]);
+    } catch (const IoError& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(r, 1) << "rank " << r << " read another rank's shard: " << message;
+      EXPECT_NE(message.find("shard-1.bin' bytes [0, "), std::string::npos) << message;
+      EXPECT_NE(message.find("(corrupted)"), std::string::npos) << message;
+    } catch (const std::exception& e) {
+      EXPECT_NE(r, 1) << "rank 1: " << e.what();  // the others fail waiting for it
+    }
+  }
   fs::remove_all(dir);
 }
 

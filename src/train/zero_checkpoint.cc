@@ -273,6 +273,21 @@ void readShards(ZeroParallel& zero, const json& plan, const std::string& dir) {
   zero.restored(plan.at("optimizer_steps").get<int64_t>());
 }
 
+namespace {
+
+// Adam's or AdamW's state of one parameter (LibTorch's class, which FusedAdam(W) steps with).
+template <class State>
+std::unique_ptr<torch::optim::OptimizerParamState> adamState(int64_t steps, torch::Tensor expAvg,
+                                                             torch::Tensor expAvgSq) {
+  auto state = std::make_unique<State>();
+  state->step(steps);
+  state->exp_avg(std::move(expAvg));
+  state->exp_avg_sq(std::move(expAvgSq));
+  return state;
+}
+
+}  // namespace
+
 void readShardsIntoModel(Model& model, torch::optim::Optimizer& optimizer, const OptimSpec& spec,
                          const json& plan, const std::string& dir) {
   torch::NoGradGuard noGrad;
@@ -302,17 +317,9 @@ void readShardsIntoModel(Model& model, torch::optim::Optimizer& optimizer, const
       state->momentum_buffer(piece(1));
       slot = std::move(state);
     } else if (spec.name == "adam") {
-      auto state = std::make_unique<torch::optim::AdamParamState>();
-      state->step(steps);
-      state->exp_avg(piece(1));
-      state->exp_avg_sq(piece(2));
-      slot = std::move(state);
+      slot = adamState<torch::optim::AdamParamState>(steps, piece(1), piece(2));
     } else if (spec.name == "adamw") {
-      auto state = std::make_unique<torch::optim::AdamWParamState>();
-      state->step(steps);
-      state->exp_avg(piece(1));
-      state->exp_avg_sq(piece(2));
-      slot = std::move(state);
+      slot = adamState<torch::optim::AdamWParamState>(steps, piece(1), piece(2));
     }
     begin += p.numel();
   }
