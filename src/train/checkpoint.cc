@@ -159,6 +159,12 @@ void commitCheckpoint(const std::string& tmpDir, const std::string& finalDir,
     if (entry.is_regular_file() && entry.path().filename() != kManifest)
       files.push_back(entry.path());
   std::sort(files.begin(), files.end());
+  // Another host's rank wrote into its own file system: the MANIFEST would not list its file.
+  for (const auto& f : written)
+    if (!fs::exists(fs::path(tmpDir) / f.name))
+      throw IoError(str("'", (fs::path(tmpDir) / f.name).string(),
+                        "' was written by another rank but is not here: the checkpoint directory "
+                        "of a sharded run must be one directory that every rank sees"));
   std::ostringstream manifest;
   manifest << kManifestHeader << "\n";
   for (const auto& file : files) {
