@@ -6,7 +6,7 @@
 // momentum and for Adam. An elastic restart after a rank is killed reshards onto the survivors and
 // ends the same way. A checkpoint of another model or optimizer, or a data-parallel one in a
 // sharded run, is refused with ConfigError naming what differs. A resumed rank reads and verifies
-// only the saved shards that overlap its own.
+// only the saved shards that overlap its own, also where its ranges cross chunks and files.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -319,9 +319,10 @@ TEST(ZeroCheckpoint, AnElasticRestartReshardsOntoTheSurvivors) {
   fs::remove_all(dir);
 }
 
-// ---- Refusals, in-process: the trainer's exact error type
+// ---- In-process: ranks as threads of this process, without caps (even shards)
 
-RunConfig inProcessConfig(const fs::path& root, const std::vector<std::string>& sets) {
+RunConfig inProcessConfig(const fs::path& root, const std::vector<std::string>& sets,
+                          int devices = 3) {
   const std::string text = R"(
 [model]
 name = "mlp"
@@ -342,22 +343,22 @@ eval_every = 0
 checkpoint_every = 2
 [balance]
 mode = "static"
-[[devices]]
-[[devices]]
-[[devices]]
 )";
   auto all = sets;
   all.push_back("train.checkpoint_dir=" + root.string());
-  return parseConfig(text, "zero-checkpoint-test", all);
+  std::string deviceList;
+  for (int d = 0; d < devices; ++d) deviceList += "[[devices]]\n";
+  return parseConfig(text + deviceList, "zero-checkpoint-test", all);
 }
 
 std::vector<std::exception_ptr> trainRanks(const RunConfig& config, const std::string& resume,
                                            Millis timeout = Millis(20000)) {
   auto store = std::make_shared<store::MemoryStore>();
-  return test::runRanksCollect(3, [&](int rank) {
+  const int ranks = int(config.devices.size());
+  return test::runRanksCollect(ranks, [&](int rank) {
     comm::GroupOptions options;
     options.timeout = timeout;
-    auto comm = comm::Communicator::create(store, rank, 3, options);
+    auto comm = comm::Communicator::create(store, rank, ranks, options);
     TrainerOptions trainer;
     trainer.resumeDir = resume;
     train(config, comm, trainer);
@@ -446,6 +447,36 @@ TEST(ZeroCheckpoint, EachRankReadsAndVerifiesOnlyTheShardsOverlappingItsOwn) {
     } catch (const std::exception& e) {
       EXPECT_NE(r, 1) << "rank 1: " << e.what();  // the others fail waiting for it
     }
+  }
+  fs::remove_all(dir);
+}
+
+// Shard files of several chunks (36099 parameters, Adam: 144 KiB per file of three ranks): resumed
+// ranges start and end inside chunks and span the fields' boundaries, and a resumed rank reads from
+// two or three saved files, or all of them when its shard is the whole model.
+TEST(ZeroCheckpoint, RangesAcrossChunksAndFilesReshardExactly) {
+  const auto dir = freshDir("chunks");
+  const std::vector<std::string> model = {"model.hidden=[256, 128]", "train.optimizer=adam",
+                                          "train.lr=0.01", "train.steps=4", "zero.shards=even"};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.begin(), model.begin(), model.end());
+    return sets;
+  };
+  for (const auto& e : trainRanks(inProcessConfig(dir / "reference", with({"zero.stage=1"})), ""))
+    ASSERT_FALSE(e);
+  const fs::path saved = dir / "reference" / "step-2", end = dir / "reference" / "step-4";
+  const json plan = planOf(saved);
+  ASSERT_EQ(plan.at("elements"), 36099);
+  for (const auto& file : plan.at("files")) EXPECT_EQ(file.at("crc32c").size(), 3u) << file.dump();
+  struct Resume {
+    std::string name;
+    int stage, devices;
+  };
+  for (const Resume& r : {Resume{"two", 3, 2}, Resume{"one", 2, 1}, Resume{"four", 1, 4}}) {
+    const auto config =
+        inProcessConfig(dir / r.name, with({"zero.stage=" + std::to_string(r.stage)}), r.devices);
+    for (const auto& e : trainRanks(config, saved.string())) ASSERT_FALSE(e) << r.name;
+    expectSameState(dir / r.name / "step-4", end, "chunks, resumed on " + r.name);
   }
   fs::remove_all(dir);
 }
