@@ -443,16 +443,13 @@ RunCheckpoints::Resumed RunCheckpoints::start(const std::string& resumePath) {
   const fs::path dir(findCheckpoint(resumePath));
   std::ifstream in(dir / "state.json");
   const json state = json::parse(in);
-  // A data-parallel checkpoint holds no shards: a sharded run refuses it by name. A sharded one
-  // resumes under every stage, zero.stage = 0 included (every rank then reads all the shards).
-  if (parts_.zero && !state.contains("zero"))
-    throw ConfigError(str("--resume ", dir.string(),
-                          ": the checkpoint is of a run with zero.stage = 0, this run has "
-                          "zero.stage = ",
-                          config_.zero.stage,
-                          ": a data-parallel checkpoint does not convert into shards yet; resume "
-                          "it with zero.stage = 0"));
-  if (parts_.zero) {
+  // A sharded checkpoint resumes under every stage, zero.stage = 0 included (every rank then
+  // reads all the shards); a data-parallel one too (every rank reads the whole model file).
+  if (parts_.zero && !state.contains("zero")) {
+    HETRA_ENFORCE(bool(parts_.makeReplica), "a sharded run resuming a model file needs a replica");
+    readModelFileIntoShards(*parts_.zero, parts_.makeReplica, optimSpecOf(config_.train),
+                            (dir / "model.pt").string());
+  } else if (parts_.zero) {
     readShards(*parts_.zero, state.at("zero"), dir.string());
   } else if (state.contains("zero")) {
     auto* model = dynamic_cast<Model*>(&parts_.model);

@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -61,6 +62,7 @@ namespace hetra::train {
 class DataParallel;  // train/data_parallel.h
 class PeriodicSync;  // train/periodic_sync.h
 class ZeroParallel;  // train/zero_parallel.h
+class Model;         // train/models.h
 
 // --- Files -------------------------------------------------------------------------------------
 
@@ -140,6 +142,9 @@ struct TrainingParts {
   // A sharded run's engine (zero.stage >= 1): its shards and the plan are saved instead of the
   // model file, and resumed with resharding (train/zero_checkpoint.h).
   ZeroParallel* zero = nullptr;
+  // A sharded run: builds a whole model like `model` (in host memory), which a data-parallel
+  // checkpoint is loaded into before its shards are taken from it.
+  std::function<std::shared_ptr<Model>()> makeReplica = nullptr;
   // Periodic averaging's error feedback on the model delta (sync_residuals.pt, rows as
   // residuals.pt's); saves happen at a round's end, where the rest is one model on every rank.
   PeriodicSync* periodic = nullptr;
@@ -158,8 +163,9 @@ class RunCheckpoints {
   // (ownership: ConfigError). A resumed run loads the checkpoint `--resume resumePath` means into
   // the parts. A sharded checkpoint reshards (train/zero_checkpoint.h): a sharded run reads its
   // new shard from the saved ones (a collective under stages 1 and 2), a data-parallel run all of
-  // them; one of another model or optimizer, or a data-parallel checkpoint in a sharded run, is
-  // refused with ConfigError naming what differs. The balancer's state and the error-feedback
+  // them; one of another model or optimizer is refused with ConfigError naming what differs. A
+  // data-parallel checkpoint in a sharded run is loaded into a replica (makeReplica), and each
+  // rank takes its shard from it. The balancer's state and the error-feedback
   // residuals are per rank: they are restored only when the checkpoint was written by the same
   // devices in the same order; otherwise the balancer starts afresh and the residuals at zero
   // (rank 0 WARNs). Each rank reads the files itself. Returns {"", 0} for a fresh run.

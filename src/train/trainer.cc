@@ -121,6 +121,7 @@ class Run {
     TrainingParts parts{*model_, *optimizer_, *balancer_, parallel_.get()};
     parts.periodic = periodic_.get();
     parts.zero = zero_.get();  // a sharded run saves and resumes its shards (resharding)
+    if (zero_) parts.makeReplica = makeReplica_;  // to read a data-parallel checkpoint
     checkpoints_.emplace(config, *comm_, parts);
     const auto resumed = [&] {
       device::MemoryScope state(device::MemoryCategory::kOptimizerState);  // loaded on resume
@@ -206,6 +207,7 @@ class Run {
                                               : device::MemoryCategory::kParameters;
     if (options_.makeModel) {
       device::MemoryScope parameters(built);
+      makeReplica_ = options_.makeModel;
       model_ = options_.makeModel();
       HETRA_ENFORCE(model_, "TrainerOptions::makeModel returned no model");
       return;
@@ -215,6 +217,7 @@ class Run {
     const DatasetGeometry geometry = options_.makeDataset ? loaded : datasetGeometry(config_.data);
     HETRA_ENFORCE(geometry == loaded, "dataset shape differs from the one the config implies");
     const ModelSpec spec = modelSpecOf(config_, geometry);
+    makeReplica_ = [spec] { return makeModel(spec); };
     {
       device::MemoryScope parameters(built);
       model_ = makeModel(spec);
@@ -490,6 +493,7 @@ class Run {
   device::ComputeClocks computeClocks_;
   std::shared_ptr<const Dataset> trainData_, testData_;
   std::shared_ptr<Model> model_;
+  std::function<std::shared_ptr<Model>()> makeReplica_;  // another model_, as built at the start
   MemoryFootprint footprint_;
   std::unique_ptr<DataParallel> parallel_;  // zero.stage = 0
   std::unique_ptr<ZeroParallel> zero_;      // zero.stage >= 1 (train/zero_parallel.h)

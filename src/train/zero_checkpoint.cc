@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "common/errors.h"
+#include "device/memory_accounting.h"
 #include "train/fused_optim.h"
 #include "train/zero_parallel.h"
 
@@ -323,6 +324,61 @@ void readShardsIntoModel(Model& model, torch::optim::Optimizer& optimizer, const
     }
     begin += p.numel();
   }
+}
+
+void readModelFileIntoShards(ZeroParallel& zero,
+                             const std::function<std::shared_ptr<Model>()>& makeReplica,
+                             const OptimSpec& spec, const std::string& modelFile) {
+  // The replica and its optimizer state live in host memory, not on the device (its cap).
+  device::MemoryScope host(device::MemoryCategory::kHostData);
+  torch::NoGradGuard noGrad;
+  const auto replicaOwner = makeReplica();
+  HETRA_ENFORCE(replicaOwner != nullptr, "no replica of the model");
+  Model& replica = *replicaOwner;
+  auto optimizer = makeOptimizer(replica.parameters(), spec);
+  loadCheckpoint(modelFile, replica, *optimizer);
+  const auto params = flatParameters(replica);
+  const ShardLayout& layout = zero.layout();
+  HETRA_ENFORCE_EQ(params.size(), layout.tensors(), "tensors of the replica");
+  const auto state = zero.shardState();
+  const FlatRange mine = zero.ownShard();
+  // Parameter k's tensors in the order of the shard's fields (none but itself when the run never
+  // stepped it), and the step count, the same on every rank: the most of any parameter's.
+  int64_t steps = 0;
+  auto sourcesOf = [&](const torch::Tensor& p) {
+    std::vector<torch::Tensor> sources{p};
+    const auto& slot = paramStateSlot(*optimizer, p);
+    if (!slot || state.size() == 1) return sources;
+    if (state.size() == 2) {
+      sources.push_back(static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer());
+      steps = std::max<int64_t>(steps, 1);  // sgd tells only a first step from a later one
+      return sources;
+    }
+    auto adam = [&](auto& s) {  // Adam's and AdamW's state classes have the same fields
+      sources.push_back(s.exp_avg());
+      sources.push_back(s.exp_avg_sq());
+      steps = std::max<int64_t>(steps, s.step());
+    };
+    if (spec.name == "adamw")
+      adam(static_cast<torch::optim::AdamWParamState&>(*slot));
+    else
+      adam(static_cast<torch::optim::AdamParamState&>(*slot));
+    return sources;
+  };
+  for (size_t k = 0; k < params.size(); ++k) {
+    const FlatRange t = layout.tensor(k), piece = intersect(mine, t);
+    HETRA_ENFORCE_EQ(params[k].numel(), t.size(), "parameter ", k, " of the replica");
+    const auto sources = sourcesOf(params[k]);
+    if (piece.size() <= 0) continue;
+    for (size_t f = 0; f < state.size(); ++f) {
+      auto to = state[f].narrow(0, piece.begin - mine.begin, piece.size());
+      if (f < sources.size())
+        to.copy_(sources[f].reshape({-1}).narrow(0, piece.begin - t.begin, piece.size()));
+      else
+        to.zero_();  // never stepped: no state yet
+    }
+  }
+  zero.restored(steps);
 }
 
 }  // namespace hetra::train

@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -69,5 +71,15 @@ void readShards(ZeroParallel& zero, const nlohmann::json& plan, const std::strin
 // saved shards. No collective.
 void readShardsIntoModel(Model& model, torch::optim::Optimizer& optimizer, const OptimSpec& spec,
                          const nlohmann::json& plan, const std::string& dir);
+
+// The other way: a data-parallel run's model file (model.pt, checkpoint.h) loaded into a replica
+// (makeReplica's: a whole model like zero's, built in host memory, with an optimizer of `spec`),
+// and this rank's shard
+// of its parameters and optimizer state taken into `zero`, which is then restored (a collective
+// under stages 1 and 2). IoError (loadCheckpoint's) when the file does not fit the model or the
+// optimizer.
+void readModelFileIntoShards(ZeroParallel& zero,
+                             const std::function<std::shared_ptr<Model>()>& makeReplica,
+                             const OptimSpec& spec, const std::string& modelFile);
 
 }  // namespace hetra::train
