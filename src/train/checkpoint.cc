@@ -15,8 +15,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string_view>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -25,7 +27,11 @@
 #include "common/errors.h"
 #include "common/logging.h"
 #include "train/data_parallel.h"
+#include "train/models.h"
 #include "train/periodic_sync.h"
+#include "train/specs.h"
+#include "train/zero_checkpoint.h"
+#include "train/zero_parallel.h"
 
 namespace hetra::train {
 namespace {
@@ -118,20 +124,26 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
 }
 
 void writeFileAtomically(const std::string& path, const std::string& bytes) {
+  writeFileAtomically(path, std::vector<std::string_view>{bytes});
+}
+
+void writeFileAtomically(const std::string& path, const std::vector<std::string_view>& pieces) {
   const fs::path target(path);
   const fs::path tmp = target.string() + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw IoError(str("cannot write '", tmp.string(), "': ", strerror(errno)));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      throw IoError(str("writing '", tmp.string(), "' failed: ", strerror(err)));
+  for (const std::string_view bytes : pieces) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = errno;
+        ::close(fd);
+        throw IoError(str("writing '", tmp.string(), "' failed: ", strerror(err)));
+      }
+      done += size_t(n);
     }
-    done += size_t(n);
   }
   const int rc = ::fsync(fd);
   const int err = errno;
@@ -140,20 +152,36 @@ void writeFileAtomically(const std::string& path, const std::string& bytes) {
   renameDurably(tmp, target);
 }
 
-void commitCheckpoint(const std::string& tmpDir, const std::string& finalDir) {
+void commitCheckpoint(const std::string& tmpDir, const std::string& finalDir,
+                      const std::vector<FileChecksum>& written) {
   std::vector<fs::path> files;
   for (const auto& entry : fs::directory_iterator(tmpDir))
     if (entry.is_regular_file() && entry.path().filename() != kManifest)
       files.push_back(entry.path());
   std::sort(files.begin(), files.end());
+  // Another host's rank wrote into its own file system: the MANIFEST would not list its file.
+  for (const auto& f : written)
+    if (!fs::exists(fs::path(tmpDir) / f.name))
+      throw IoError(str("'", (fs::path(tmpDir) / f.name).string(),
+                        "' was written by another rank but is not here: the checkpoint directory "
+                        "of a sharded run must be one directory that every rank sees"));
   std::ostringstream manifest;
   manifest << kManifestHeader << "\n";
   for (const auto& file : files) {
     const auto filename = file.filename().string();
     HETRA_ENFORCE(filename.find_first_of(" \n") == std::string::npos,
                   "checkpoint file names have no spaces: '", filename, "'");
-    fsyncPath(file, false);
-    const auto [size, crc] = sizeAndCrc(file);
+    const auto known = std::find_if(written.begin(), written.end(),
+                                    [&](const FileChecksum& f) { return f.name == filename; });
+    uint64_t size = 0;
+    uint32_t crc = 0;
+    if (known != written.end()) {
+      size = known->size;
+      crc = known->crc;
+    } else {
+      fsyncPath(file, false);
+      std::tie(size, crc) = sizeAndCrc(file);
+    }
     manifest << "file " << filename << " " << size << " " << std::hex << crc << std::dec << "\n";
   }
   // The MANIFEST is written (and synced) after every file it describes is on the disk.
@@ -162,7 +190,16 @@ void commitCheckpoint(const std::string& tmpDir, const std::string& finalDir) {
   renameDurably(tmpDir, finalDir);
 }
 
-std::string checkCheckpoint(const std::string& dir) {
+namespace {
+
+// A sharded run's shard-<r>.bin (train/zero_checkpoint.h).
+bool isShardFile(const std::string& name) {
+  return name.starts_with("shard-") && name.ends_with(".bin");
+}
+
+}  // namespace
+
+std::string checkCheckpoint(const std::string& dir, bool shardContents) {
   const fs::path manifestPath = fs::path(dir) / kManifest;
   std::ifstream in(manifestPath);
   if (!in) return "it has no MANIFEST (an unfinished or truncated save)";
@@ -185,6 +222,10 @@ std::string checkCheckpoint(const std::string& dir) {
     if (actualSize != size)
       return str(name, " has ", actualSize, " bytes, the MANIFEST lists ", size,
                  actualSize < size ? " (truncated)" : "");
+    if (!shardContents && isShardFile(name)) {
+      ++listed;
+      continue;
+    }
     try {
       const uint32_t actual = sizeAndCrc(file).second;
       if (actual != crc)
@@ -215,7 +256,7 @@ int64_t checkpointStep(const std::string& name) {
 std::string findCheckpoint(const std::string& path) {
   const fs::path given(path);
   if (fs::exists(given / kManifest) || checkpointStep(given.filename().string()) >= 0) {
-    const std::string why = checkCheckpoint(path);
+    const std::string why = checkCheckpoint(path, /*shardContents=*/false);
     if (!why.empty()) throw IoError(str("checkpoint '", path, "' cannot be used: ", why));
     return path;
   }
@@ -224,7 +265,7 @@ std::string findCheckpoint(const std::string& path) {
   const auto candidates = stepDirectories(given);
   std::string skipped;
   for (const auto& [step, dir] : candidates) {
-    const std::string why = checkCheckpoint(dir.string());
+    const std::string why = checkCheckpoint(dir.string(), /*shardContents=*/false);
     if (why.empty()) return dir.string();
     HETRA_WARN("train", "checkpoint '", dir.string(), "' is unusable: ", why,
                "; trying the previous one");
@@ -336,7 +377,7 @@ std::string newestCheckpointSince(const std::string& root, fs::file_time_type si
     std::error_code ec;
     const auto written = fs::last_write_time(dir / kManifest, ec);
     if (ec || written < since) continue;
-    const std::string why = checkCheckpoint(dir.string());
+    const std::string why = checkCheckpoint(dir.string(), /*shardContents=*/false);
     if (why.empty()) return dir.string();
     HETRA_WARN("train", "checkpoint ", dir.string(), " is unusable: ", why);
   }
@@ -402,7 +443,22 @@ RunCheckpoints::Resumed RunCheckpoints::start(const std::string& resumePath) {
   const fs::path dir(findCheckpoint(resumePath));
   std::ifstream in(dir / "state.json");
   const json state = json::parse(in);
-  loadCheckpoint((dir / "model.pt").string(), parts_.model, parts_.optimizer);
+  // A sharded checkpoint resumes under every stage, zero.stage = 0 included (every rank then
+  // reads all the shards); a data-parallel one too (every rank reads the whole model file).
+  if (parts_.zero && !state.contains("zero")) {
+    HETRA_ENFORCE(bool(parts_.makeReplica), "a sharded run resuming a model file needs a replica");
+    readModelFileIntoShards(*parts_.zero, parts_.makeReplica, optimSpecOf(config_.train),
+                            (dir / "model.pt").string());
+  } else if (parts_.zero) {
+    readShards(*parts_.zero, state.at("zero"), dir.string());
+  } else if (state.contains("zero")) {
+    auto* model = dynamic_cast<Model*>(&parts_.model);
+    HETRA_ENFORCE(model != nullptr, "a sharded checkpoint resumes into a hetra Model");
+    readShardsIntoModel(*model, parts_.optimizer, optimSpecOf(config_.train), state.at("zero"),
+                        dir.string());
+  } else {
+    loadCheckpoint((dir / "model.pt").string(), parts_.model, parts_.optimizer);
+  }
   const Resumed resumed{dir.string(), state.at("step").get<int64_t>()};
   // After an elastic restart without a device (or a --resume with other devices) the survivors
   // would not even keep their rank numbers, and their speeds change with the freed cores, so the
@@ -417,14 +473,14 @@ RunCheckpoints::Resumed RunCheckpoints::start(const std::string& resumePath) {
     parts_.balancer = std::move(saved);
     const fs::path residualsFile = dir / "residuals.pt";
     if (feedsBackErrors() && fs::exists(residualsFile))
-      parts_.parallel.loadResiduals(loadOwnRow(residualsFile, comm_));
+      parts_.parallel->loadResiduals(loadOwnRow(residualsFile, comm_));
     const fs::path syncResidualsFile = dir / "sync_residuals.pt";
     if (parts_.periodic && fs::exists(syncResidualsFile))
       parts_.periodic->loadResiduals(loadOwnRow(syncResidualsFile, comm_));
     return resumed;
   }
   // Whatever a departed rank owed in error feedback is dropped.
-  parts_.parallel.loadResiduals(torch::Tensor());
+  if (parts_.parallel) parts_.parallel->loadResiduals(torch::Tensor());
   if (parts_.periodic) parts_.periodic->loadResiduals(torch::Tensor());
   auto list = [](const std::vector<std::string>& names) {
     std::string text;
@@ -445,26 +501,36 @@ void RunCheckpoints::save(int64_t step) {
   // Every rank's residuals go into the checkpoint (rank 0 writes it), exact: the allgather asks
   // for no compression.
   torch::Tensor residuals, syncResiduals;
-  if (feedsBackErrors()) residuals = gatherRows(comm_, parts_.parallel.saveResiduals());
+  if (feedsBackErrors()) residuals = gatherRows(comm_, parts_.parallel->saveResiduals());
   if (parts_.periodic && parts_.periodic->feedsBackErrors())
     syncResiduals = gatherRows(comm_, parts_.periodic->residuals());
+  const fs::path root(config_.train.checkpointDir);
+  const std::string name = str("step-", step);
+  const fs::path tmp = root / (name + ".tmp");
   if (comm_.rank() == 0) {
-    const fs::path root(config_.train.checkpointDir);
     fs::create_directories(root);
-    const std::string name = str("step-", step);
-    const fs::path tmp = root / (name + ".tmp");
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    saveCheckpoint((tmp / "model.pt").string(), parts_.model, parts_.optimizer,
-                   CheckpointInfo{step, ""});
-    const json state = {{"step", step},
-                        {"balancer", parts_.balancer.save()},
-                        {"devices", deviceNames()},
-                        {"config", toToml(config_)}};
+  }
+  std::optional<WrittenShards> shards;
+  if (parts_.zero) {
+    comm_.barrier()->wait();  // the directory exists before any rank writes its shard into it
+    shards = writeShards(*parts_.zero, comm_, tmp.string());
+  }
+  if (comm_.rank() == 0) {
+    if (!parts_.zero)
+      saveCheckpoint((tmp / "model.pt").string(), parts_.model, parts_.optimizer,
+                     CheckpointInfo{step, ""});
+    json state = {{"step", step},
+                  {"balancer", parts_.balancer.save()},
+                  {"devices", deviceNames()},
+                  {"config", toToml(config_)}};
+    if (shards) state["zero"] = shards->plan;
     writeFileAtomically((tmp / "state.json").string(), state.dump(1));
     if (residuals.defined()) torch::save(residuals, (tmp / "residuals.pt").string());
     if (syncResiduals.defined()) torch::save(syncResiduals, (tmp / "sync_residuals.pt").string());
-    commitCheckpoint(tmp.string(), (root / name).string());
+    commitCheckpoint(tmp.string(), (root / name).string(),
+                     shards ? shards->files : std::vector<FileChecksum>{});
     writeFileAtomically((root / "latest").string(), name + "\n");
     HETRA_INFO("train", "checkpoint ", (root / name).string());
     for (const auto& old : pruneCheckpoints(root.string(), config_.train.keepCheckpoints))

@@ -14,7 +14,9 @@
 //                  balancer state, device names, effective config), residuals.pt (one row of
 //                  error-feedback residuals per rank, when the run compresses with error feedback),
 //                  sync_residuals.pt (the same for periodic averaging's model deltas) and the
-//                  MANIFEST.
+//                  MANIFEST. A sharded run (zero.stage >= 1) has no model.pt: each rank writes
+//                  its shard-<r>.bin, and state.json holds the partition plan
+//                  (train/zero_checkpoint.h).
 //   MANIFEST       "hetra-checkpoint 1", then "file NAME SIZE CRC32C" (hex) per file. Written last.
 //   commit         the files are written into ROOT/step-<N>.tmp, each fsynced, the MANIFEST last,
 //                  then the directory is renamed to step-<N> and ROOT fsynced. ROOT/latest then
@@ -37,8 +39,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "train/config.h"
@@ -57,6 +61,8 @@ namespace hetra::train {
 
 class DataParallel;  // train/data_parallel.h
 class PeriodicSync;  // train/periodic_sync.h
+class ZeroParallel;  // train/zero_parallel.h
+class Model;         // train/models.h
 
 // --- Files -------------------------------------------------------------------------------------
 
@@ -65,6 +71,15 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
 
 // Writes `bytes` to `path` with an atomic write. Throws IoError naming the path.
 void writeFileAtomically(const std::string& path, const std::string& bytes);
+// The same for the concatenation of `pieces`, without copying them into one buffer.
+void writeFileAtomically(const std::string& path, const std::vector<std::string_view>& pieces);
+
+// A file's MANIFEST entry, as its writer computed it.
+struct FileChecksum {
+  std::string name;  // in the step directory
+  uint64_t size = 0;
+  uint32_t crc = 0;
+};
 
 struct CheckpointInfo {
   int64_t step = 0;
@@ -82,25 +97,31 @@ CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
 // --- Step directories --------------------------------------------------------------------------
 
 // Commits `tmpDir` as `finalDir` (replacing an older one of that name): writes the MANIFEST over
-// the regular files in it, fsyncs them, renames, fsyncs the parent. Throws IoError.
-void commitCheckpoint(const std::string& tmpDir, const std::string& finalDir);
+// the regular files in it, fsyncs them, renames, fsyncs the parent. Throws IoError. The files of
+// `written` (synced and checksummed by the ranks that wrote them) are listed as given, not read.
+void commitCheckpoint(const std::string& tmpDir, const std::string& finalDir,
+                      const std::vector<FileChecksum>& written = {});
 
 // Why the step directory `dir` is not usable ("" when it is): no MANIFEST, a file listed there
-// missing, shorter or longer than listed, or with another checksum.
-std::string checkCheckpoint(const std::string& dir);
+// missing, shorter or longer than listed, or with another checksum. With shardContents false,
+// the shard files of a sharded run (shard-<r>.bin) are checked for their size only: the ranks
+// that resume verify the chunks they read (train/zero_checkpoint.h), and no rank reads them all.
+std::string checkCheckpoint(const std::string& dir, bool shardContents = true);
 
 // The step of a directory named step-<N>, or -1 for any other name.
 int64_t checkpointStep(const std::string& name);
 
-// The step directory `--resume path` means (see resume above): IoError with the reason when `path`
-// is a step directory that is not usable, ConfigError when there is no usable one under it.
+// The step directory `--resume path` means (see resume above; shard files checked by size): IoError
+// with the reason when `path` is a step directory that is not usable, ConfigError when there is no
+// usable one under it.
 std::string findCheckpoint(const std::string& path);
 
 // The step a usable step directory continues from (its state.json). Throws IoError.
 int64_t savedStep(const std::string& stepDir);
 
-// The newest own checkpoint under `root`: usable, MANIFEST written at or after `since` (""
-// when there is none). Newer unusable ones are skipped with a WARN naming them and why.
+// The newest own checkpoint under `root` (shard files checked by size): usable, MANIFEST written at
+// or after `since` ("" when there is none). Newer unusable ones are skipped with a WARN naming them
+// and why.
 std::string newestCheckpointSince(const std::string& root, std::filesystem::file_time_type since);
 
 // Removes all but the `keep` newest step directories under `root`, and stale step-<N>.tmp
@@ -117,7 +138,13 @@ struct TrainingParts {
   torch::nn::Module& model;
   torch::optim::Optimizer& optimizer;
   balance::Balancer& balancer;
-  DataParallel& parallel;  // its error-feedback residuals
+  DataParallel* parallel;  // its error-feedback residuals; nullptr in a sharded run
+  // A sharded run's engine (zero.stage >= 1): its shards and the plan are saved instead of the
+  // model file, and resumed with resharding (train/zero_checkpoint.h).
+  ZeroParallel* zero = nullptr;
+  // A sharded run: builds a whole model like `model` (in host memory), which a data-parallel
+  // checkpoint is loaded into before its shards are taken from it.
+  std::function<std::shared_ptr<Model>()> makeReplica = nullptr;
   // Periodic averaging's error feedback on the model delta (sync_residuals.pt, rows as
   // residuals.pt's); saves happen at a round's end, where the rest is one model on every rank.
   PeriodicSync* periodic = nullptr;
@@ -134,14 +161,19 @@ class RunCheckpoints {
   };
   // Where the run starts. A fresh run (resumePath "") that saves checkpoints claims the root
   // (ownership: ConfigError). A resumed run loads the checkpoint `--resume resumePath` means into
-  // the parts. The balancer's state and the error-feedback residuals are per rank: they are
-  // restored only when the checkpoint was written by the same devices in the same order;
-  // otherwise the balancer starts afresh and the residuals at zero (rank 0 WARNs). Each rank reads
-  // the files itself; no collective. Returns {"", 0} for a fresh run.
+  // the parts. A sharded checkpoint reshards (train/zero_checkpoint.h): a sharded run reads its
+  // new shard from the saved ones (a collective under stages 1 and 2), a data-parallel run all of
+  // them; one of another model or optimizer is refused with ConfigError naming what differs. A
+  // data-parallel checkpoint in a sharded run is loaded into a replica (makeReplica), and each
+  // rank takes its shard from it. The balancer's state and the error-feedback
+  // residuals are per rank: they are restored only when the checkpoint was written by the same
+  // devices in the same order; otherwise the balancer starts afresh and the residuals at zero
+  // (rank 0 WARNs). Each rank reads the files itself. Returns {"", 0} for a fresh run.
   Resumed start(const std::string& resumePath);
 
-  // Collective, after `step` steps, on every rank: gathers every rank's residuals, rank 0 commits
-  // the step directory, updates `latest` and prunes. The balancer must have seen every step.
+  // Collective, after `step` steps, on every rank: gathers every rank's residuals (a sharded run:
+  // each rank writes its shard file), rank 0 commits the step directory, updates `latest` and
+  // prunes. The balancer must have seen every step.
   void save(int64_t step);
 
  private:

@@ -92,12 +92,6 @@ class Run {
         device_(config, comm_->rank()),
         computeClocks_(device::ComputeClocks::ofThisProcess(int(device_.config.threads))) {
     HETRA_ENFORCE_EQ(size_t(comm_->size()), config.devices.size(), "one rank per device");
-    // A sharded run has no checkpoints yet (config validation refuses checkpoint_every).
-    if (config.zero.stage > 0 && !options.resumeDir.empty())
-      throw ConfigError(str("--resume ", options.resumeDir,
-                            " with zero.stage = ", config.zero.stage,
-                            ": resuming sharded runs is not implemented yet (zero.stage = 0 "
-                            "resumes a data-parallel run)"));
     makeDataAndModel();
     DataParallelOptions parallelOptions;
     parallelOptions.bucketBytes = size_t(config.train.bucketMib * (1 << 20));
@@ -124,14 +118,14 @@ class Run {
     schedule_ = std::make_unique<LrSchedule>(scheduleSpecOf(config.train, totalSteps_));
     balancer_ = std::make_unique<balance::Balancer>(
         balancerOptionsOf(config), zero_ ? zeroCaps_ : rankCapsOf(config, footprint_));
-    if (!zero_) {
-      TrainingParts parts{*model_, *optimizer_, *balancer_, *parallel_};
-      parts.periodic = periodic_.get();
-      checkpoints_.emplace(config, *comm_, parts);
-    }
+    TrainingParts parts{*model_, *optimizer_, *balancer_, parallel_.get()};
+    parts.periodic = periodic_.get();
+    parts.zero = zero_.get();  // a sharded run saves and resumes its shards (resharding)
+    if (zero_) parts.makeReplica = makeReplica_;  // to read a data-parallel checkpoint
+    checkpoints_.emplace(config, *comm_, parts);
     const auto resumed = [&] {
       device::MemoryScope state(device::MemoryCategory::kOptimizerState);  // loaded on resume
-      return zero_ ? RunCheckpoints::Resumed{} : checkpoints_->start(options.resumeDir);
+      return checkpoints_->start(options.resumeDir);
     }();
     startStep_ = resumed.step;
     if (resumed.dir.empty() && !zero_) parallel_->broadcastParameters();
@@ -213,6 +207,7 @@ class Run {
                                               : device::MemoryCategory::kParameters;
     if (options_.makeModel) {
       device::MemoryScope parameters(built);
+      makeReplica_ = options_.makeModel;
       model_ = options_.makeModel();
       HETRA_ENFORCE(model_, "TrainerOptions::makeModel returned no model");
       return;
@@ -222,6 +217,7 @@ class Run {
     const DatasetGeometry geometry = options_.makeDataset ? loaded : datasetGeometry(config_.data);
     HETRA_ENFORCE(geometry == loaded, "dataset shape differs from the one the config implies");
     const ModelSpec spec = modelSpecOf(config_, geometry);
+    makeReplica_ = [spec] { return makeModel(spec); };
     {
       device::MemoryScope parameters(built);
       model_ = makeModel(spec);
@@ -497,6 +493,7 @@ class Run {
   device::ComputeClocks computeClocks_;
   std::shared_ptr<const Dataset> trainData_, testData_;
   std::shared_ptr<Model> model_;
+  std::function<std::shared_ptr<Model>()> makeReplica_;  // another model_, as built at the start
   MemoryFootprint footprint_;
   std::unique_ptr<DataParallel> parallel_;  // zero.stage = 0
   std::unique_ptr<ZeroParallel> zero_;      // zero.stage >= 1 (train/zero_parallel.h)

@@ -403,4 +403,16 @@ std::vector<torch::Tensor> ZeroParallel::gatherParameters() {
   return out;
 }
 
+std::vector<torch::Tensor> ZeroParallel::shardState() const {
+  std::vector<torch::Tensor> state{shardParameters()};
+  for (const auto& t : {state1_, state2_})
+    if (t.defined()) state.push_back(t);
+  return state;
+}
+
+void ZeroParallel::restored(int64_t optimizerSteps) {
+  steps_ = optimizerSteps;
+  shareParameters();
+}
+
 }  // namespace hetra::train

@@ -101,6 +101,18 @@ class ZeroParallel : private BlockHooks {
   // Every parameter's current value, in flat order (a collective under stage 3).
   std::vector<torch::Tensor> gatherParameters();
 
+  // Checkpoints (train/zero_checkpoint.h). This rank's shard of the parameters, then of each
+  // optimizer state tensor (sgd with momentum: its buffer; adam, adamw: the two moments), as
+  // views of the engine's own: a checkpoint reads them, a resume writes them, then calls
+  // restored().
+  std::vector<torch::Tensor> shardState() const;
+  int64_t optimizerSteps() const { return steps_; }
+  FlatRange ownShard() const { return shard_; }
+  const OptimSpec& optimizer() const { return optimizer_; }
+  // After shardState() was written: the optimizer continues after `optimizerSteps` steps, and
+  // under stages 1 and 2 every rank's parameters are all-gathered from the shards (a collective).
+  void restored(int64_t optimizerSteps);
+
  private:
   void beforeBlock(size_t block) override { gather(block); }
   void afterBlock(size_t block) override { release(block); }

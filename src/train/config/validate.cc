@@ -275,10 +275,6 @@ void checkZero(const Check& check) {
   const RunConfig& c = check.c;
   if (c.zero.stage == 0) return;
   const std::string stage = std::to_string(c.zero.stage);
-  if (c.train.checkpointEvery > 0)
-    check.fail("zero.stage", stage,
-               "checkpoints of sharded runs are not implemented yet: set train.checkpoint_every "
-               "= 0, or zero.stage = 0");
   if (c.train.syncEvery > 1)
     check.fail("zero.stage", stage,
                "periodic averaging (train.sync_every > 1) keeps whole replicas: set "
