@@ -26,13 +26,13 @@ import json
 import math
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_training import ROOT, cell, hetra_result, locked, machine_facts, run, warmup_of  # noqa: E402
+from compare_training import (ROOT, add_output_args, cell, hetra_cmd, hetra_result, locked, machine_facts, rerender,  # noqa: E402
+                              run, save_report, warmup_of)
 
 MIB = 1 << 20
 BYTES_PER_PARAMETER = 16  # fp32 parameters + gradients + Adam's two moments
@@ -68,9 +68,7 @@ def parse_args():
     p.add_argument("--lock", default="/tmp/hetra-measure.lock",
                    help="flock this file around every speed run; '' = none (the largest-model runs take no lock)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
-    p.add_argument("--no-spread", action="store_true", help="omit the (min-max) over rounds")
-    p.add_argument("--report", metavar="DIR", default=None, help="re-render DIR/results.json, run nothing")
-    p.add_argument("--out", default=None, help="directory for raw results (default bench/out/zero-<time>)")
+    add_output_args(p, "zero")
     a = p.parse_args()
     a.parts = [x for x in a.parts.split(",") if x]
     if any(x not in ("largest", "speed", "fsdp") for x in a.parts):
@@ -121,13 +119,6 @@ def largest_sets(a, caps_mib, variant, width):
             f"train.global_batch={a.global_batch}", "train.eval_every=0", "train.log_every=0",
             'train.lr_schedule="constant"', "train.warmup_steps=0", "train.checkpoint_every=0",
             f"devices=[{devices}]"] + VARIANTS[variant][1]
-
-
-def hetra_cmd(a, config, sets, metrics=None):
-    cmd = [a.hetra, "run", config]
-    for s in sets:
-        cmd += ["--set", s]
-    return cmd + (["--metrics", metrics] if metrics else [])
 
 
 def peaks_of(path):
@@ -234,9 +225,7 @@ def fsdp_rank_bytes(hidden, ranks):
 def main():
     a = parse_args()
     if a.report:
-        saved = json.load(open(os.path.join(a.report, "results.json")))
-        print(render(saved, not a.no_spread))
-        return 0 if saved.get("failures", 0) == 0 else 1
+        return rerender(a.report, render, not a.no_spread)
     if ("largest" in a.parts or "speed" in a.parts) and not os.access(a.hetra, os.X_OK):
         raise SystemExit(f"no hetra binary at {a.hetra} (ninja -C build hetra)")
     out = a.out or os.path.join(ROOT, "bench", "out", "zero-" + time.strftime("%Y%m%d-%H%M%S"))
@@ -255,12 +244,7 @@ def main():
     if "fsdp" in a.parts:
         saved["fsdp"] = try_fsdp(a)
     facts["elapsed_s"] = round(time.monotonic() - started)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(saved, f, indent=1)
-    report = render(saved, not a.no_spread)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(report)
-    print(report)
+    save_report(out, saved, render, not a.no_spread)
     return 0 if saved["failures"] == 0 else 1
 
 
