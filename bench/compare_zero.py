@@ -140,9 +140,11 @@ def try_width(a, out, caps_mib, variant, width, tag):
     elif any(m in text for m in OUT_OF_MEMORY):
         result = {"fits": False}
     else:
-        raise RuntimeError(f"{tag} {variant} W={width}: failed otherwise (exit status {rc}); see {stem}.log")
+        # Not a fit either, but not memory's verdict: the report lists it and the exit status says so.
+        said = [x for x in text.splitlines() if x.startswith("hetra run: FAILED")]
+        result = {"fits": False, "error": (said[-1] if said else f"exit status {rc}") + f" ({stem}.log)"}
     log(f"{tag} {VARIANTS[variant][0]} W={width} ({parameters_of(hidden_of(a, width)) / 1e6:.2f}M parameters): "
-        f"{'trains' if result['fits'] else 'out of memory'} ({time.monotonic() - t0:.1f}s)")
+        f"{'trains' if result['fits'] else result.get('error', 'out of memory')} ({time.monotonic() - t0:.1f}s)")
     return result
 
 
@@ -153,19 +155,21 @@ def bisect(a, out, caps_mib, variant, tag):
     lo, hi = a.resolution, physical_width(a, caps_mib)
     first = try_width(a, out, caps_mib, variant, lo, tag)
     tries.append((lo, first["fits"]))
+    errors = [first["error"]] if "error" in first else []
     if not first["fits"]:
-        return {"width": None, "tries": tries}
+        return {"width": None, "tries": tries, "errors": errors}
     best = first
     while hi - lo > a.resolution:
         mid = (lo + hi) // 2 // a.resolution * a.resolution
         mid = mid if mid > lo else lo + a.resolution
         res = try_width(a, out, caps_mib, variant, mid, tag)
         tries.append((mid, res["fits"]))
+        errors += [res["error"]] if "error" in res else []
         if res["fits"]:
             lo, best = mid, res
         else:
             hi = mid
-    return {"width": lo, "parameters": parameters_of(hidden_of(a, lo)), "peaks": best["peaks"], "tries": tries,
+    return {"width": lo, "parameters": parameters_of(hidden_of(a, lo)), "peaks": best["peaks"], "tries": tries, "errors": errors,
             "first_failing_width": hi, "first_failing_parameters": parameters_of(hidden_of(a, hi))}
 
 
@@ -238,6 +242,7 @@ def main():
              "speed_config": a.speed_config, "rounds": a.rounds, "speed_steps": a.speed_steps, "failures": 0}
     if "largest" in a.parts:
         saved["largest"] = run_largest(a, out)
+        saved["failures"] += sum(len(v["errors"]) for e in saved["largest"] for v in e["variants"].values())
     if "speed" in a.parts:
         saved["speed"] = run_speed(a, out)
         saved["failures"] += saved["speed"]["failures"]
@@ -250,6 +255,14 @@ def main():
 
 def millions(n):
     return f"{n / 1e6:.2f}M" if n is not None else "-"
+
+
+def failing(v):
+    """The least width tried that ran out, or the physical bracket when every width tried trained."""
+    w = v.get("first_failing_width")
+    if w is None:
+        return "-"
+    return str(w) if any(t == w and not fits for t, fits in v["tries"]) else f"{w} (physical limit, not run)"
 
 
 def render_largest(saved):
@@ -271,9 +284,14 @@ def render_largest(saved):
             peaks = "/".join(f"{x / MIB:.0f}" for x in v.get("peaks", [])) or "-"
             lines.append("| " + " | ".join([
                 "/".join(map(str, caps)), VARIANTS[key][0], str(v["width"] or "-"), millions(p), ratio(even),
-                ratio(dp), f"{p / phys:.1%}" if p else "-", str(v.get("first_failing_width", "-")), peaks]) + " |")
+                ratio(dp), f"{p / phys:.1%}" if p else "-", failing(v), peaks]) + " |")
         lines.append("| " + "/".join(map(str, caps)) + " | physical limit | - | " + millions(phys) +
                      " | - | - | 100% | - | - |")
+    errors = [(e["caps_mib"], k, x) for e in saved["largest"] for k, v in e["variants"].items()
+              for x in v.get("errors", [])]
+    if errors:
+        lines += ["", "Runs that failed otherwise than out of memory (counted as not training, and as failures):"]
+        lines += [f"- {'/'.join(map(str, caps))} {VARIANTS[k][0]}: `{x}`" for caps, k, x in errors]
     return lines
 
 
