@@ -54,6 +54,13 @@ def log(msg):
     print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def add_output_args(p, stem):
+    """The options every compare_* script of this folder shares: --no-spread, --report DIR, --out DIR."""
+    p.add_argument("--no-spread", action="store_true", help="omit the (min-max) over rounds")
+    p.add_argument("--report", metavar="DIR", default=None, help="re-render DIR/results.json, run nothing")
+    p.add_argument("--out", default=None, help=f"directory for raw results (default bench/out/{stem}-<time>)")
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenarios", default="hetero,equal",
@@ -75,9 +82,7 @@ def parse_args():
                    default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
     p.add_argument("--lock", default="/tmp/hetra-measure.lock", help="flock this file around every run; '' = none")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run, waiting for the lock included")
-    p.add_argument("--no-spread", action="store_true", help="omit the (min-max) over rounds")
-    p.add_argument("--report", metavar="DIR", default=None, help="re-render DIR/results.json, run nothing")
-    p.add_argument("--out", default=None, help="directory for raw results (default bench/out/train-<time>)")
+    add_output_args(p, "train")
     a = p.parse_args()
     a.scenarios = [s for s in a.scenarios.split(",") if s]
     a.models = [m for m in a.models.split(",") if m]
@@ -311,12 +316,27 @@ def machine_facts(torch_python):
     return facts
 
 
+def rerender(directory, render, spread):
+    """--report: prints render() of DIR/results.json; the exit status is 1 if any of its runs failed."""
+    saved = json.load(open(os.path.join(directory, "results.json")))
+    print(render(saved, spread))
+    return 0 if saved.get("failures", 0) == 0 else 1
+
+
+def save_report(out, saved, render, spread):
+    """Writes OUT/results.json and OUT/report.md (render() of it) and prints the report."""
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(saved, f, indent=1)
+    report = render(saved, spread)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(report)
+    print(report)
+
+
 def main():
     a = parse_args()
     if a.report:
-        saved = json.load(open(os.path.join(a.report, "results.json")))
-        print(render(saved, not a.no_spread))
-        return 0 if saved.get("failures", 0) == 0 else 1
+        return rerender(a.report, render, not a.no_spread)
     if not os.access(a.hetra, os.X_OK):
         raise SystemExit(f"no hetra binary at {a.hetra} (ninja -C build hetra)")
     unknown = [s for s in a.scenarios if "=" not in s and s not in SCENARIOS]
@@ -354,12 +374,7 @@ def main():
              "scenarios": scenarios, "solo_key": solo_key,
              "runs": {k: {kk: vv for kk, vv in v.items() if kk != "scenario"} for k, v in runs.items()},
              "results": results, "failures": failures}
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(saved, f, indent=1)
-    report = render(saved, not a.no_spread)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(report)
-    print(report)
+    save_report(out, saved, render, not a.no_spread)
     return 0 if failures == 0 else 1
 
 
