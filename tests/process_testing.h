@@ -2,12 +2,15 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/wait.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shm_testing.h"
@@ -18,6 +21,19 @@ namespace hetra::test {
 inline std::string slurp(const std::filesystem::path& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The exit status of the child `pid` (128 + signal when killed), or -1 when it has not ended within
+// `seconds` (it is then left running: the caller kills it).
+inline int waitForExit(pid_t pid, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
 }
 
 // The child processes of `parent` with HETRA_RANK set, indexed by rank (-1 where none is found).

@@ -120,16 +120,9 @@ class HetraRun {
   }
   // The exit code, or -1 after `seconds` (then the run is killed).
   int wait(double seconds) {
-    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-    int status = 0;
-    while (Clock::now() < end) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        done_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
+    const int code = test::waitForExit(pid_, seconds);
+    done_ = code != -1;
+    return code;
   }
 
  private:

@@ -238,17 +238,11 @@ class Launched {
 
   // The exit status (128 + signal when killed), or -1 when it did not end within `timeout`.
   int wait(double timeout) {
-    const auto end = Clock::now() + std::chrono::duration<double>(timeout);
-    int status = 0;
-    while (Clock::now() < end) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        done_ = true;
-        reader_.join();  // the pipe's last writers are gone
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
+    const int code = hetra::test::waitForExit(pid_, timeout);
+    if (code == -1) return -1;
+    done_ = true;
+    reader_.join();  // the pipe's last writers are gone
+    return code;
   }
 
  private:
