@@ -204,6 +204,63 @@ TEST(CompressedCollectives, AvgReduceScatterAndAllgatherWithUnevenBlocks) {
   });
 }
 
+// Error feedback on a reduce-scatter (ZeRO's compressed gradients): the same inputs reduced T
+// times. Without it each call loses the same rounding, T times over; with it what a call loses is
+// added to the next one's, so the sum of the T results stays within one call's rounding of T
+// times the exact sum. The own block, never encoded, leaves its residual untouched.
+TEST(CompressedCollectives, ReduceScatterWithErrorFeedbackLosesNothingOverCalls) {
+  constexpr int kCalls = 40;
+  for (const auto& [transport, n] : {std::pair<std::string, int>{"tcp", 3}, {"shm", 5}}) {
+    std::vector<size_t> counts = {1500, 0, 700, 4097, 33};
+    counts.resize(size_t(n));
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    std::vector<std::vector<float>> inputs(n);
+    for (int r = 0; r < n; ++r) inputs[r] = inputOf(r, total);
+    double scale = 0;
+    for (int q = 0; q < n; ++q) scale += maxAbs(inputs[q]);
+    const double u = unitRoundoff(Compression::Fp8E5M2);
+    auto store = std::make_shared<store::MemoryStore>();
+    runRanks(n, [&](int r) {
+      auto comm = Communicator::create(store, r, n, groupOn(transport));
+      size_t offset = 0;
+      for (int b = 0; b < r; ++b) offset += counts[b];
+      OpPolicy withFeedback = compressedWith(Compression::Fp8E5M2);
+      ASSERT_NE(comm->feedbackCodec(OpKind::ReduceScatter, DType::F32, ReduceOp::Sum, total,
+                                    withFeedback),
+                nullptr);
+      std::vector<float> residual(total, 0.0f);
+      const float kUntouched = 0.25f;  // the own block's residual is never written
+      std::fill(residual.begin() + long(offset), residual.begin() + long(offset + counts[r]),
+                kUntouched);
+      withFeedback.residual = residual.data();
+      std::vector<double> fedBack(counts[r], 0.0), plain(counts[r], 0.0);
+      std::vector<float> out(counts[r]);
+      for (int t = 0; t < kCalls; ++t) {
+        comm->reduceScatter(inputs[r].data(), out.data(), counts, DType::F32, ReduceOp::Sum,
+                            withFeedback)
+            ->wait();
+        for (size_t i = 0; i < counts[r]; ++i) fedBack[i] += out[i];
+        comm->reduceScatter(inputs[r].data(), out.data(), counts, DType::F32, ReduceOp::Sum,
+                            compressedWith(Compression::Fp8E5M2))
+            ->wait();
+        for (size_t i = 0; i < counts[r]; ++i) plain[i] += out[i];
+      }
+      double worstFedBack = 0, worstPlain = 0;
+      for (size_t i = 0; i < counts[r]; ++i) {
+        double exact = 0;
+        for (int q = 0; q < n; ++q) exact += double(inputs[q][offset + i]);
+        worstFedBack = std::max(worstFedBack, std::fabs(fedBack[i] - kCalls * exact));
+        worstPlain = std::max(worstPlain, std::fabs(plain[i] - kCalls * exact));
+        ASSERT_EQ(residual[offset + i], kUntouched) << transport << " rank " << r << " " << i;
+      }
+      if (counts[r] == 0) return;
+      EXPECT_LE(worstFedBack, 2 * u * scale) << transport << " rank " << r;
+      EXPECT_LT(worstFedBack, 0.2 * worstPlain) << transport << " rank " << r;
+    });
+  }
+}
+
 TEST(CompressedCollectives, BuffersBelowTheFloorStayExact) {
   constexpr int n = 3;
   auto store = std::make_shared<store::MemoryStore>();

@@ -96,7 +96,8 @@ TEST(Hierarchy, CompressesOnlyTheLevelBetweenIslands) {
     OpPolicy policy;
     policy.compression = CompressionPolicy(Compression::BF16, 256, 0);
     // No error feedback: the codec sits on the cross level, not on this group's wire.
-    EXPECT_EQ(comm->feedbackCodec(DType::F32, ReduceOp::Sum, count, policy), nullptr);
+    EXPECT_EQ(comm->feedbackCodec(OpKind::Allreduce, DType::F32, ReduceOp::Sum, count, policy),
+              nullptr);
     std::vector<float> buffer(count);
     for (size_t i = 0; i < count; ++i) buffer[i] = 1.0f + float(r) / 3.0f + float(i % 101) / 7.0f;
     comm->allreduce(buffer.data(), buffer.data(), count, DType::F32, ReduceOp::Sum, policy)->wait();

@@ -164,6 +164,7 @@ class CommunicatorImpl : public Communicator,
         },
         [this, args, op](Provider& p, const Operation& o, Deadline d) mutable {
           stamp(args, o, d);
+          if (p.traits().feedsBackErrors) args.residual = o.policy->residual;
           p.reduceScatter(facts_, o, args);
           if (op == ReduceOp::Avg) divide(args.dtype, args.out, args.counts[rank_], size_);
         });
@@ -230,10 +231,12 @@ class CommunicatorImpl : public Communicator,
     return transport_->bytesReceived() + (hierarchy_ ? hierarchy_->bytesReceived() : 0);
   }
 
-  const Codec* feedbackCodec(DType dtype, ReduceOp op, size_t count,
+  const Codec* feedbackCodec(OpKind kind, DType dtype, ReduceOp op, size_t count,
                              const OpPolicy& policy) const override {
-    const Operation o =
-        operation(OpKind::Allreduce, dtype, reducedAs(op), count * dtypeSize(dtype), policy);
+    HETRA_ENFORCE(kind == OpKind::Allreduce || kind == OpKind::ReduceScatter,
+                  "error feedback is kept by allreduce and reduce-scatter only, not ",
+                  opKindName(kind));
+    const Operation o = operation(kind, dtype, reducedAs(op), count * dtypeSize(dtype), policy);
     return providers()[choose(o) - 1]->traits().feedsBackErrors ? o.codec : nullptr;
   }
 

@@ -96,11 +96,12 @@ class Communicator {
   virtual WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint64_t tag = 0) = 0;
   virtual WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint64_t tag = 0) = 0;
 
-  // The codec an allreduce of `count` elements with this dtype, op and policy puts on the wire when
-  // its provider keeps error feedback (policy.residual is used), or nullptr when it does not
-  // (exact, or compressed only between islands). Alike on every rank; error feedback uses it to
-  // know exactly what the wire will carry.
-  virtual const Codec* feedbackCodec(DType dtype, ReduceOp op, size_t count,
+  // The codec an allreduce or reduce-scatter (`kind`) of `count` elements (reduce-scatter: its
+  // input) with this dtype, op and policy puts on the wire when its provider keeps error feedback
+  // (policy.residual is used, count floats), or nullptr when it does not (exact, or compressed
+  // only between islands). Alike on every rank; error feedback uses it to know exactly what the
+  // wire will carry.
+  virtual const Codec* feedbackCodec(OpKind kind, DType dtype, ReduceOp op, size_t count,
                                      const OpPolicy& policy) const = 0;
 
   // The provider the table chooses for an operation of this group (what would run; for tests,

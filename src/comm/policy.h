@@ -42,10 +42,10 @@ struct OpPolicy {
   CompressionPolicy compression;
   // Inside the islands of a hierarchy (exact unless asked).
   CompressionPolicy islandCompression;
-  // Error feedback for a compressed float32 allreduce (algorithms/compressed.h): count floats of
-  // this rank's own state, zero at first, kept by the caller from call to call; used only where
-  // the operation is compressed on a flat group (Communicator::codecFor says so), left as it is
-  // otherwise.
+  // Error feedback for a compressed float32 allreduce or reduce-scatter (algorithms/compressed.h):
+  // as many floats as the operation's input, this rank's own state, zero at first, kept by the
+  // caller from call to call; used only where the operation is compressed on a flat group
+  // (Communicator::feedbackCodec says so), left as it is otherwise.
   float* residual = nullptr;
 };
 

@@ -15,7 +15,8 @@ namespace hetra::train {
 
 comm::OpPolicy withErrorFeedback(const comm::Communicator& comm, comm::OpPolicy policy,
                                  size_t count, torch::Tensor& residual) {
-  if (!comm.feedbackCodec(DType::F32, comm::ReduceOp::Sum, count, policy)) return policy;
+  if (!comm.feedbackCodec(comm::OpKind::Allreduce, DType::F32, comm::ReduceOp::Sum, count, policy))
+    return policy;
   if (!residual.defined()) residual = torch::zeros({int64_t(count)}, torch::kFloat32);
   policy.residual = residual.data_ptr<float>();
   return policy;

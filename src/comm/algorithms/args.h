@@ -46,6 +46,9 @@ struct ReduceScatterArgs {
   uint64_t seq = 0;
   Deadline deadline{};
   uint8_t provider = 0;
+  // Compressed float32 reduce-scatter only: this rank's error feedback state, sum(counts)
+  // elements shaped as `in` (its own block stays zero: it is never encoded); nullptr for none.
+  float* residual = nullptr;
 };
 
 // in: counts[rank] elements; out: sum(counts) elements in rank order. `in` may point into `out` at

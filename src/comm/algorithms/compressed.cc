@@ -256,11 +256,13 @@ void reduceScatterCompressed(Transport& transport, const ReduceScatterArgs& args
   if (layout.count(r) && in + layout.offset(r) != out)
     std::memmove(out, in + layout.offset(r), layout.count(r) * sizeof(float));
   if (n == 1) return;
-  Scratch scratch(layout.totalBytes() + (n - 1) * layout.blockBytes(r));
-  uint8_t* wire = scratch.data();
+  const size_t stagingBytes = args.residual ? layout.segmentElements() * sizeof(float) : 0;
+  Scratch scratch(stagingBytes + layout.totalBytes() + (n - 1) * layout.blockBytes(r));
+  float* staging = reinterpret_cast<float*>(scratch.data());
+  uint8_t* wire = scratch.data() + stagingBytes;
   uint8_t* incoming = wire + layout.totalBytes();
   std::vector<RequestPtr> sends;
-  reduceToOwners(transport, codec, layout, in, out, wire, incoming, nullptr, nullptr,
+  reduceToOwners(transport, codec, layout, in, out, wire, incoming, args.residual, staging,
                  opTag(args.seq, kCompressedReducePhase), args.deadline, sends, [](size_t) {});
   waitAll(sends, args.deadline);
 }

@@ -27,7 +27,9 @@ namespace hetra::comm {
 //
 // float32 only; op Sum or Avg (reduced as Sum: the caller divides).
 void allreduceCompressed(Transport& transport, const AllreduceArgs& args, const Codec& codec);
-// The reduced block is exact float32 (only the inputs were encoded).
+// The reduced block is exact float32 (only the inputs were encoded). With error feedback
+// (args.residual, shaped as the input) rank r keeps in block b != r what its encoding of block b
+// lost; block r, never encoded, stays as it is.
 void reduceScatterCompressed(Transport& transport, const ReduceScatterArgs& args,
                              const Codec& codec);
 // Every rank, the owner of a block too, receives decode(encode(block)).

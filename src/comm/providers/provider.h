@@ -79,7 +79,7 @@ struct ProviderTraits {
   // for the kind it runs).
   bool exact = true;
   bool compressed = false;
-  // Keeps error feedback in OpPolicy::residual (a compressed allreduce).
+  // Keeps error feedback in OpPolicy::residual (a compressed allreduce or reduce-scatter).
   bool feedsBackErrors = false;
 };
 
