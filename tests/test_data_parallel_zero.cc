@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -64,6 +65,12 @@ TEST(ZeroLayout, CountsAreEachRanksPieceOfARange) {
   EXPECT_EQ(layout.countsOf(layout.tensor(1)), (std::vector<size_t>{0, 0, 17}));
   EXPECT_THROW(ShardLayout({10}, {3, 7}), ConfigError);   // boundary 3 is not aligned
   EXPECT_THROW(ShardLayout({10}, {16, 0}), ConfigError);  // more than the parameters
+  // The end of the parameters is a boundary even when empty shards follow it, as
+  // proportionalShards makes them for a last rank of weight zero.
+  const ShardLayout lastEmpty({100}, proportionalShards(100, {1.0, 1.0, 0.0}));
+  EXPECT_EQ(lastEmpty.shard(1), (FlatRange{48, 100}));
+  EXPECT_EQ(lastEmpty.shard(2), (FlatRange{100, 100}));
+  EXPECT_THROW(ShardLayout({100}, {40, 60, 0}), ConfigError);  // 40 is not aligned
 }
 
 // ---- Against data parallelism
@@ -139,13 +146,25 @@ OptimSpec optimizerNamed(const std::string& name) {
   return spec;
 }
 
+ZeroOptions zeroOptions(int stage, std::vector<int64_t> shards, const OptimSpec& optim,
+                        Offload offload = Offload::kNone) {
+  ZeroOptions options;
+  options.stage = stage;
+  options.shardSizes = std::move(shards);
+  options.optimizer = optim;
+  options.offload = offload;
+  return options;
+}
+
 // The group the runs share: the shared-memory collectives, whose small operations reduce every
 // element in rank order, in an allreduce and a reduce-scatter alike (comm/algorithms/shared.h),
 // so data parallelism and ZeRO sum the same numbers in the same order.
-std::shared_ptr<comm::Communicator> group(std::shared_ptr<store::Store> store, int rank) {
+// (`algorithm` "" leaves the choice to the provider table: a compressed operation needs it.)
+std::shared_ptr<comm::Communicator> group(std::shared_ptr<store::Store> store, int rank,
+                                          const std::string& algorithm = "shared") {
   comm::GroupOptions options;
   options.transport = "shm";
-  options.algorithm = "shared";
+  options.algorithm = algorithm;
   options.timeout = Millis(20000);
   return comm::Communicator::create(std::move(store), rank, kRanks, options);
 }
@@ -177,19 +196,27 @@ std::vector<torch::Tensor> dataParallelRun(const std::vector<StepData>& steps,
   return result;
 }
 
+// Each rank's engine options beyond stage, shards and optimizer.
+using AdjustOptions = std::function<void(ZeroOptions&, int rank)>;
+
 // Every rank's parameters after kSteps under ZeRO `stage` with kShards.
 std::vector<std::vector<torch::Tensor>> zeroRun(int stage, const std::vector<StepData>& steps,
-                                                const OptimSpec& optim, double clip) {
+                                                const OptimSpec& optim, double clip,
+                                                const AdjustOptions& adjust = {},
+                                                const std::string& algorithm = "shared") {
   std::vector<std::vector<torch::Tensor>> result(kRanks);
   auto store = std::make_shared<store::MemoryStore>();
   test::runRanks(kRanks, [&](int rank) {
-    auto comm = group(store, rank);
+    auto comm = group(store, rank, algorithm);
     auto model = makeModel(smallMlp());
     if (rank > 0) {  // the constructor's broadcast must make them rank 0's
       torch::NoGradGuard noGrad;
       for (auto& p : model->parameters()) p.add_(0.5);
     }
-    ZeroParallel zero(model, comm, ZeroOptions{stage, kShards, optim});
+    ZeroOptions options = zeroOptions(stage, kShards, optim);
+    if (adjust) adjust(options, rank);
+    ZeroParallel zero(model, comm, options);
+    EXPECT_EQ(zero.offload(), options.offload);
     EXPECT_EQ(zero.layout().shardSizes(), kShards);
     for (int s = 0; s < kSteps; ++s) {
       const Split& split = kSplits[size_t(s) % kSplits.size()];
@@ -209,15 +236,19 @@ double relativeDifference(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>() / std::max(1e-12, b.abs().max().item<double>());
 }
 
-void expectLikeDataParallel(int stage, const std::string& optimizer, double clip) {
+void expectLikeDataParallel(int stage, const std::string& optimizer, double clip,
+                            const std::vector<Offload>& offloads = {}) {
   torch::set_num_threads(1);
   const auto steps = makeSteps();
   const OptimSpec optim = optimizerNamed(optimizer);
   const auto reference = dataParallelRun(steps, optim, clip);
   const auto initial = flatParameters(*makeModel(smallMlp()));
-  const auto ranks = zeroRun(stage, steps, optim, clip);
-  const std::string what =
+  const auto ranks = zeroRun(stage, steps, optim, clip, [&](ZeroOptions& o, int rank) {
+    if (!offloads.empty()) o.offload = offloads[size_t(rank)];
+  });
+  std::string what =
       "stage " + std::to_string(stage) + ", " + optimizer + (clip > 0 ? ", clipped" : "");
+  for (Offload o : offloads) what += std::string(", ") + offloadName(o);
   ASSERT_EQ(reference.size(), initial.size());
   for (size_t k = 0; k < reference.size(); ++k) {
     EXPECT_FALSE(torch::equal(reference[k], initial[k])) << "tensor " << k << " never moved";
@@ -251,6 +282,66 @@ TEST(ZeroParallel, Stage3IsBitwiseDataParallel) {
   expectLikeDataParallel(3, "adam", 0);
 }
 
+// Offloading moves the shard's state to host memory; the arithmetic is the same loops on the same
+// numbers, so the result stays bitwise data parallelism's, with ranks offloading differently.
+TEST(ZeroParallel, OffloadedShardsTrainBitwiseAsDataParallel) {
+  const Offload none = Offload::kNone, state = Offload::kOptimizer, all = Offload::kParameters;
+  expectLikeDataParallel(1, "adam", 0, {state, none, state});
+  expectLikeDataParallel(2, "sgd", 0, {none, state, state});
+  expectLikeDataParallel(3, "adam", 0, {all, state, none});
+  expectLikeDataParallel(3, "sgd", 0, {none, all, all});
+}
+
+// Compressed gradients: fp8-e5m2 (3 significant bits) on every reduce-scatter. Error feedback
+// keeps what each encoding lost for the next step, so the run stays much closer to exact data
+// parallelism than without it; every rank still ends with the same parameters, and keeps one
+// residual float per parameter.
+TEST(ZeroParallel, CompressedGradientsWithErrorFeedbackStayCloseToExactDataParallel) {
+  torch::set_num_threads(1);
+  const auto steps = makeSteps();
+  OptimSpec optim = optimizerNamed("sgd");
+  optim.momentum = 0;
+  const auto exact = dataParallelRun(steps, optim, 0);
+  const int64_t psi = 496;  // smallMlp's parameters
+  auto distance = [&](const std::vector<torch::Tensor>& params) {
+    double squares = 0, norm = 0;
+    for (size_t k = 0; k < exact.size(); ++k) {
+      squares += (params[k] - exact[k]).pow(2).sum().item<double>();
+      norm += exact[k].pow(2).sum().item<double>();
+    }
+    return std::sqrt(squares / norm);
+  };
+  for (int stage : {1, 2, 3}) {
+    double withFeedback = 0, without = 0;
+    for (bool feedback : {true, false}) {
+      std::vector<int64_t> residuals(kRanks, -1);
+      const auto ranks = zeroRun(
+          stage, steps, optim, 0,
+          [&](ZeroOptions& o, int) {
+            o.compression = comm::CompressionPolicy(comm::Compression::Fp8E5M2, 16, /*minBytes=*/0);
+            o.errorFeedback = feedback;
+          },
+          /*algorithm=*/"");
+      for (int r = 0; r < kRanks; ++r)
+        for (size_t k = 0; k < exact.size(); ++k)
+          EXPECT_TRUE(torch::equal(ranks[size_t(r)][k], ranks[0][k]))
+              << "stage " << stage << " rank " << r << " tensor " << k;
+      (feedback ? withFeedback : without) = distance(ranks[0]);
+    }
+    EXPECT_GT(without, 0) << "stage " << stage << ": fp8 lost nothing?";
+    EXPECT_LT(withFeedback, 0.5 * without) << "stage " << stage;
+  }
+  // Residuals: every tensor's whole gradient, on every rank (the communication category).
+  auto store = std::make_shared<store::MemoryStore>();
+  test::runRanks(kRanks, [&](int rank) {
+    ZeroOptions options = zeroOptions(3, kShards, optim);
+    options.compression = comm::CompressionPolicy(comm::Compression::BF16, 256, 0);
+    options.errorFeedback = true;
+    ZeroParallel zero(makeModel(smallMlp()), group(store, rank, ""), options);
+    EXPECT_EQ(zero.residualElements(), psi) << "rank " << rank;
+  });
+}
+
 // Clipping needs the global norm: a sum of the shards' squares in float64 against LibTorch's
 // float32 norm of norms, so the scale differs in its last bits.
 TEST(ZeroParallel, ClippedStagesFollowDataParallelClosely) {
@@ -264,9 +355,13 @@ TEST(ZeroParallel, RefusesWhatItCannotShard) {
   auto store = std::make_shared<store::MemoryStore>();
   auto comm = comm::Communicator::create(store, 0, 1, comm::GroupOptions{});
   OptimSpec optim;
-  EXPECT_THROW(ZeroParallel(makeModel(smallMlp()), comm, ZeroOptions{4, {}, optim}), ConfigError);
-  EXPECT_THROW(ZeroParallel(makeModel(smallMlp()), comm, ZeroOptions{1, {480, 16}, optim}),
+  EXPECT_THROW(ZeroParallel(makeModel(smallMlp()), comm, zeroOptions(4, {}, optim)), ConfigError);
+  EXPECT_THROW(ZeroParallel(makeModel(smallMlp()), comm, zeroOptions(1, {480, 16}, optim)),
                ConfigError);  // two shards for a group of one
+  // Stages 1 and 2 keep every parameter on the device: none to offload.
+  EXPECT_THROW(
+      ZeroParallel(makeModel(smallMlp()), comm, zeroOptions(2, {}, optim, Offload::kParameters)),
+      ConfigError);
 }
 
 // ---- Rank processes: accounted memory
@@ -495,6 +590,43 @@ TEST(ZeroMemory, AccountedPeaksFollowTheFormula) {
   }
 }
 
+// ---- The plan
+// ------------------------------------------------------------------------------------
+
+// Memory shards follow what each device keeps per shard element: a device that offloads its
+// optimizer state holds twice Adam's elements in the same headroom, and one that offloads
+// everything counts with the largest share of the others.
+TEST(ZeroPlan, OffloadingDevicesTakeShardsByWhatTheyKeepOnTheDevice) {
+  auto sets = kFormulaModel;
+  sets.insert(sets.end(),
+              {"zero.stage=3", "devices.1.offload=optimizer", "devices.2.offload=parameters"});
+  const RunConfig config = configWith(sets);
+  const ModelSpec spec = modelSpecOf(config, datasetGeometry(config.data));
+  auto model = makeModel(spec);
+  const ShardedBytes bytes = shardedBytesOf(config, *model);
+  EXPECT_EQ(offloadOf(config, 0), Offload::kNone);
+  EXPECT_EQ(offloadOf(config, 1), Offload::kOptimizer);
+  EXPECT_EQ(offloadOf(config, 2), Offload::kParameters);
+  // Adam under stage 3: 4 bytes of parameters, 4 of gradients, 8 of moments per shard element.
+  EXPECT_EQ(bytes.onDevicePerElement(Offload::kNone), 16);
+  EXPECT_EQ(bytes.onDevicePerElement(Offload::kOptimizer), 8);
+  EXPECT_EQ(bytes.onDevicePerElement(Offload::kParameters), 0);
+  const int64_t perSample = estimateFootprint(spec).bytesPerSample;
+  const double held0 = double(64 * 1048576 - bytes.buffers - perSample) / 16;
+  const double held1 = double(16 * 1048576 - bytes.buffers - perSample) / 8;
+  const auto shards = planShards(config, bytes, bytes.psi, perSample);
+  EXPECT_EQ(shards, proportionalShards(bytes.psi, {held0, held1, std::max(held0, held1)}));
+  const auto caps = shardedRankCaps(config, bytes, shards, perSample);
+  const auto rows = shardPlanRows(config, bytes, shards, caps);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[1].deviceBytes, bytes.buffers + 8 * shards[1]);
+  EXPECT_EQ(rows[1].offloadedBytes, 8 * shards[1]);
+  EXPECT_EQ(rows[2].deviceBytes, bytes.buffers);
+  EXPECT_EQ(rows[2].offloadedBytes, 16 * shards[2]);
+  EXPECT_EQ(rows[0].offloadedBytes, 0);
+  EXPECT_EQ(rows[2].capBytes, 8 * 1048576);
+}
+
 // ---- Rank processes: a model larger than the smallest device
 // -------------------------------------
 
@@ -536,6 +668,50 @@ TEST(ZeroMemory, AModelTooLargeForTheSmallestDeviceTrainsOnlyUnderMemoryShards) 
   for (int r = 0; r < kRanks; ++r)
     EXPECT_EQ(outcomes[size_t(r)].code, kTrained)
         << "ZeRO-3, memory shards: rank " << r << ": " << lastLine(outcomes[size_t(r)]);
+}
+
+// 215K parameters again, on devices of 2, 1 and 1 MiB: together less than Adam's 16 bytes per
+// parameter and each device's block buffers, so ZeRO-3 runs out of memory even with memory shards,
+// and trains once the small devices keep their shards in host memory ([zero] offload).
+TEST(ZeroMemory, AModelLargerThanItsDevicesTogetherTrainsWithTheShardsOffloaded) {
+  const std::vector<std::string> tight = {"model.hidden=[256, 256, 256, 256]",
+                                          "devices.0.memory=2MiB", "devices.1.memory=1MiB",
+                                          "devices.2.memory=1MiB", "zero.stage=3"};
+  const auto onDevice = runRankProcesses("offload-none", tight);
+  int outOfMemory = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_NE(onDevice[size_t(r)].code, -1) << "rank " << r << " hung";
+    EXPECT_NE(onDevice[size_t(r)].code, kOtherError) << lastLine(onDevice[size_t(r)]);
+    outOfMemory += onDevice[size_t(r)].code == kOutOfMemory;
+  }
+  EXPECT_GE(outOfMemory, 1) << "the state fits the devices: the model is not too large";
+
+  auto offloaded = tight;
+  offloaded.insert(offloaded.end(),
+                   {"devices.1.offload=parameters", "devices.2.offload=parameters"});
+  const RunConfig config = configWith(offloaded);
+  auto model = makeModel(modelSpecOf(config, datasetGeometry(config.data)));
+  const ShardedBytes bytes = shardedBytesOf(config, *model);
+  const auto shards = planShards(
+      config, bytes, bytes.psi,
+      estimateFootprint(modelSpecOf(config, datasetGeometry(config.data))).bytesPerSample);
+  const auto outcomes = runRankProcesses("offload-parameters", offloaded);
+  const auto peak = [&](int r, MemoryCategory c) {
+    return double(std::stoll(outcomes[size_t(r)].lines.at(2 + size_t(c))));
+  };
+  for (int r = 0; r < kRanks; ++r) {
+    const auto& o = outcomes[size_t(r)];
+    ASSERT_EQ(o.code, kTrained) << "rank " << r << ": " << lastLine(o);
+    // Host memory: parameters, gradients and Adam's two moments of the shard, 16 bytes each.
+    const double hosted = r == 0 ? 0.0 : 16.0 * double(shards[size_t(r)]);
+    EXPECT_GE(peak(r, MemoryCategory::kOffloaded), 0.95 * hosted) << "rank " << r;
+    EXPECT_LE(peak(r, MemoryCategory::kOffloaded), 1.05 * hosted) << "rank " << r;
+    if (r > 0) {
+      EXPECT_EQ(peak(r, MemoryCategory::kOptimizerState), 0) << "rank " << r;
+    }
+  }
+  EXPECT_GT(shards[1], 0);
+  EXPECT_GT(shards[2], 0);
 }
 
 // ---- The trainer
@@ -591,8 +767,14 @@ TEST(ZeroConfig, ValuesAndCombinationsItCannotRunAreRefusedByName) {
   EXPECT_EQ(message({"zero.stage=2", "train.checkpoint_every=5", "train.checkpoint_dir=/tmp/c"}),
             "(accepted)");
   EXPECT_NE(message({"zero.stage=1", "train.sync_every=4"}).find("sync_every"), std::string::npos);
-  EXPECT_NE(message({"zero.stage=1", "comm.compression=fp16"}).find("compression"),
+  EXPECT_EQ(message({"zero.stage=1", "comm.compression=fp16"}), "(accepted)");
+  EXPECT_NE(message({"zero.offload=optimizer"}).find("zero.offload"), std::string::npos);
+  EXPECT_NE(message({"zero.stage=2", "devices.1.offload=parameters"}).find("devices[1].offload"),
             std::string::npos);
+  EXPECT_NE(message({"zero.stage=3", "zero.offload=disk"}).find("zero.offload"), std::string::npos);
+  const RunConfig offloading =
+      configWith({"zero.stage=3", "zero.offload=optimizer", "devices.2.offload=parameters"});
+  EXPECT_EQ(parseConfig(toToml(offloading), "printed", {}), offloading);
   const RunConfig fine = configWith({"zero.stage=3", "zero.shards=even"});
   EXPECT_EQ(fine.zero.stage, 3);
   EXPECT_EQ(fine.zero.shards, "even");

@@ -29,9 +29,10 @@ constexpr NamedValue<MemoryCategory> kMemoryCategoryNames[] = {
     {MemoryCategory::kOptimizerState, "optimizer_state"},
     {MemoryCategory::kActivations, "activations"},
     {MemoryCategory::kCommunication, "communication"},
-    {MemoryCategory::kHostData, "host_data"}};
+    {MemoryCategory::kHostData, "host_data"},
+    {MemoryCategory::kOffloaded, "offloaded"}};
 static_assert(std::size(kMemoryCategoryNames) == kMemoryCategories &&
-              coversEnum(kMemoryCategoryNames, MemoryCategory::kHostData));
+              coversEnum(kMemoryCategoryNames, MemoryCategory::kOffloaded));
 bool memoryAccountingEnabled() {
   static const bool enabled = kAccountingParam.flag();  // read once: the allocator is per process
   return enabled;

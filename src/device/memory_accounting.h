@@ -2,9 +2,9 @@
 // category, and the device's cap on them (docs/memory.md).
 //
 // Vocabulary:
-//   category   what an allocation is for. Every category but host data is *device* memory and
-//              counts against the cap: on a real accelerator the dataset and the staging of
-//              batches stay in host memory.
+//   category   what an allocation is for. Every category but host data and offloaded state is
+//              *device* memory and counts against the cap: on a real accelerator the dataset, the
+//              staging of batches and what ZeRO offloads stay in host memory.
 //   phase      the category the process is allocating for now, set by a MemoryScope around each
 //              part of a step (building the model, forward+backward, the optimizer step...), so a
 //              user's module needs no change. The phase is process-wide, not per thread: LibTorch's
@@ -31,13 +31,15 @@ enum class MemoryCategory {
   kActivations,
   kCommunication,  // gradient buckets, error feedback residuals
   kHostData,       // the dataset, batches being gathered: not device memory
+  kOffloaded,      // training state ZeRO keeps in host memory ([zero] offload): not device memory
 };
-constexpr size_t kMemoryCategories = 6;
+constexpr size_t kMemoryCategories = 7;
 
-// "parameters", "gradients", "optimizer_state", "activations", "communication", "host_data".
+// "parameters", "gradients", "optimizer_state", "activations", "communication", "host_data",
+// "offloaded".
 const char* memoryCategoryName(MemoryCategory category);
 constexpr bool countsAgainstCap(MemoryCategory category) {
-  return category != MemoryCategory::kHostData;
+  return category != MemoryCategory::kHostData && category != MemoryCategory::kOffloaded;
 }
 
 // "12.3 MiB": bytes for people (formatBytes in common/units.h is the exact, parseable form).

@@ -425,7 +425,8 @@ RunCheckpoints::RunCheckpoints(const RunConfig& config, comm::Communicator& comm
     : config_(config), comm_(comm), parts_(parts) {}
 
 bool RunCheckpoints::feedsBackErrors() const {
-  return config_.comm.errorFeedback && config_.comm.compression != "none";
+  // Data parallelism's residuals (DataParallel's buckets); a sharded run's are not saved (start()).
+  return parts_.parallel && config_.comm.errorFeedback && config_.comm.compression != "none";
 }
 
 std::vector<std::string> RunCheckpoints::deviceNames() const {
@@ -460,6 +461,12 @@ RunCheckpoints::Resumed RunCheckpoints::start(const std::string& resumePath) {
     loadCheckpoint((dir / "model.pt").string(), parts_.model, parts_.optimizer);
   }
   const Resumed resumed{dir.string(), state.at("step").get<int64_t>()};
+  // Each rank's residuals of a sharded run cover every tensor (zero_parallel.h): a copy of the
+  // whole gradient per rank, too much to save beside the shards. What they held is dropped: one
+  // step's rounding of the compressed reduce-scatters.
+  if (parts_.zero && parts_.zero->residualElements() > 0 && comm_.rank() == 0)
+    HETRA_WARN("train", "resuming a sharded run with compressed gradients from ", dir.string(),
+               ": its error-feedback residuals were not saved and start at zero");
   // After an elastic restart without a device (or a --resume with other devices) the survivors
   // would not even keep their rank numbers, and their speeds change with the freed cores, so the
   // balancer starts afresh (equal split, re-profiling); the split never changes the result.

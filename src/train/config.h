@@ -110,6 +110,9 @@ struct ElasticConfig {
 struct ZeroConfig {
   int64_t stage = 0;  // 0: data parallel; 1: optimizer state; 2: + gradients; 3: + parameters
   std::string shards = "memory";  // memory: sized by each device's headroom | even
+  // What stays in host memory, outside the device's cap: none | optimizer (its state) |
+  // parameters (stage 3: also the shard's parameters and gradients). devices[i].offload overrides.
+  std::string offload = "none";
   bool operator==(const ZeroConfig&) const = default;
 };
 
@@ -140,7 +143,8 @@ struct DeviceConfig {
   // whose memory use the footprint model misjudges, and to measure a device alone at the
   // micro-batch it had in a cluster run (bench/compare_training.py).
   int64_t maxMicroBatch = 0;
-  int64_t index = -1;  // cuda/rocm: GPU index (default: n-th device of that kind); -1 for cpu
+  std::string offload;  // ZeRO: this device's [zero] offload; "" = the [zero] section's
+  int64_t index = -1;   // cuda/rocm: GPU index (default: n-th device of that kind); -1 for cpu
   // The host this rank runs on ("" = this one). Naming hosts makes hetra run start the ranks
   // through mpirun ([launch]); the devices of one host are listed together.
   std::string host;

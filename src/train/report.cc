@@ -1,6 +1,7 @@
 #include "train/report.h"
 
 #include <cstdio>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -8,6 +9,7 @@
 #include "common/errors.h"
 #include "common/logging.h"
 #include "train/progress.h"
+#include "train/zero_plan.h"
 
 namespace hetra::train {
 namespace {
@@ -93,6 +95,38 @@ void Report::start(const RunHeader& header) {
               (long long)header.parameters, header.buckets, header.transport.c_str(),
               header.balance.c_str());
   std::fflush(stdout);
+}
+
+void Report::shardPlan(int64_t stage, const std::string& shards, int64_t parameters,
+                       const std::vector<ShardPlanRow>& rows) {
+  if (!options_.enabled) return;
+  std::printf(
+      "zero: stage %lld, %s shards of %lld parameters; planned per device, before "
+      "activations:\n",
+      (long long)stage, shards.c_str(), (long long)parameters);
+  std::printf("  %-10s %10s %12s %7s %11s %11s %10s %8s\n", "device", "cap", "shard", "share",
+              "on device", "offloaded", "offload", "micro");
+  json records = json::array();
+  for (const ShardPlanRow& row : rows) {
+    const bool capped = row.maxMicroBatch < std::numeric_limits<int64_t>::max();
+    std::printf("  %-10s %10s %12lld %6.1f%% %11s %11s %10s %8s\n", row.device.c_str(),
+                row.capBytes > 0 ? device::readableBytes(row.capBytes).c_str() : "unlimited",
+                (long long)row.shardElements,
+                100.0 * double(row.shardElements) / double(std::max<int64_t>(1, parameters)),
+                device::readableBytes(row.deviceBytes).c_str(),
+                device::readableBytes(row.offloadedBytes).c_str(), offloadName(row.offload),
+                capped ? std::to_string(row.maxMicroBatch).c_str() : "-");
+    records.push_back({{"device", row.device},
+                       {"cap_bytes", row.capBytes},
+                       {"shard_elements", row.shardElements},
+                       {"offload", offloadName(row.offload)},
+                       {"device_bytes", row.deviceBytes},
+                       {"offloaded_bytes", row.offloadedBytes},
+                       {"max_micro_batch", capped ? json(row.maxMicroBatch) : json(nullptr)}});
+  }
+  std::fflush(stdout);
+  write("zero_plan",
+        {{"stage", stage}, {"shards", shards}, {"parameters", parameters}, {"ranks", records}});
 }
 
 void Report::step(const StepRecord& record) {

@@ -22,6 +22,8 @@ struct Plan;
 
 namespace hetra::train {
 
+struct ShardPlanRow;
+
 // docs/metrics.md: every record carries it as "schema_version".
 constexpr int kMetricsSchemaVersion = 1;
 
@@ -86,6 +88,10 @@ class Report {
 
   void resumed(const std::string& stepDir, int64_t step);
   void start(const RunHeader& header);
+  // ZeRO's plan (train/zero_plan.h), after start(): each device's shard and the bytes it plans on
+  // the device and in host memory; a "zero_plan" record.
+  void shardPlan(int64_t stage, const std::string& shards, int64_t parameters,
+                 const std::vector<ShardPlanRow>& rows);
   void step(const StepRecord& record);
   // The balancer adopted `next` after `step` steps.
   void balanceChange(int64_t step, const balance::Plan& next);

@@ -101,7 +101,7 @@ class Run {
         size_t(config.comm.compressionMinBytes));
     parallelOptions.errorFeedback = config.comm.errorFeedback;
     if (config.zero.stage > 0) {
-      makeZero();
+      makeZero(parallelOptions);
     } else {
       device::MemoryScope buckets(device::MemoryCategory::kCommunication);
       parallel_ = std::make_unique<DataParallel>(model_, comm_, parallelOptions);
@@ -160,6 +160,10 @@ class Run {
     double measuredSeconds = 0;
     int64_t measuredSamples = 0;
     report_->start(header());
+    if (zero_)
+      report_->shardPlan(
+          config_.zero.stage, config_.zero.shards, zeroBytes_.psi,
+          shardPlanRows(config_, zeroBytes_, zero_->layout().shardSizes(), zeroCaps_));
     for (int64_t step = startStep_; step < totalSteps_; ++step) {
       const double seconds = trainStepOrSayWhatFits(step);
       if (step - startStep_ >= warmup) {
@@ -226,12 +230,16 @@ class Run {
   }
 
   // ZeRO's engine with the plan's shards (train/zero_plan.h); the micro-batch caps that follow.
-  void makeZero() {
-    const ShardedBytes bytes = shardedBytesOf(config_, *model_);
+  void makeZero(const DataParallelOptions& parallelOptions) {
+    zeroBytes_ = shardedBytesOf(config_, *model_);
+    const ShardedBytes& bytes = zeroBytes_;
     ZeroOptions options;
     options.stage = int(config_.zero.stage);
     options.optimizer = optimSpecOf(config_.train);
     options.shardSizes = planShards(config_, bytes, bytes.psi, footprint_.bytesPerSample);
+    options.offload = offloadOf(config_, size_t(comm_->rank()));
+    options.compression = parallelOptions.compression;  // the gradients', as data parallelism's
+    options.errorFeedback = parallelOptions.errorFeedback;
     zero_ = std::make_unique<ZeroParallel>(model_, comm_, options);
     zeroCaps_ = shardedRankCaps(config_, bytes, options.shardSizes, footprint_.bytesPerSample);
   }
@@ -279,7 +287,11 @@ class Run {
       timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
       {
         device::MemoryScope state(device::MemoryCategory::kOptimizerState);
-        device::ComputeScope segment(emulator_, slowdownAt(device_.config, step), computeClocks_);
+        // An offloaded shard is updated by the host's CPU, which the device's slowdown does not
+        // stretch.
+        const bool onHost = zero_ && zero_->offload() != Offload::kNone;
+        device::ComputeScope segment(emulator_, onHost ? 1.0 : slowdownAt(device_.config, step),
+                                     computeClocks_);
         if (zero_) {
           zero_->updateShard(schedule_->lrAt(step), config_.train.gradClip);
         } else {
@@ -497,6 +509,7 @@ class Run {
   MemoryFootprint footprint_;
   std::unique_ptr<DataParallel> parallel_;  // zero.stage = 0
   std::unique_ptr<ZeroParallel> zero_;      // zero.stage >= 1 (train/zero_parallel.h)
+  ShardedBytes zeroBytes_;                  // the plan of zero_ (train/zero_plan.h)
   std::vector<balance::RankCaps> zeroCaps_;
   std::unique_ptr<PeriodicSync> periodic_;  // train.sync_every > 1
   struct RoundReport {

@@ -25,9 +25,12 @@ ShardLayout::ShardLayout(const std::vector<int64_t>& tensorSizes,
   for (size_t r = 0; r < shardSizes.size(); ++r) {
     if (shardSizes[r] < 0)
       throw ConfigError(str("shard ", r, " has ", shardSizes[r], " elements; it must be >= 0"));
-    if (r + 1 < shardSizes.size() && (shardBegin_.back() + shardSizes[r]) % kShardAlign != 0)
-      throw ConfigError(str("shard ", r, " ends at element ", shardBegin_.back() + shardSizes[r],
-                            ", not a multiple of ", kShardAlign));
+    // The end of the parameters need not be aligned: the last non-empty shard ends there even
+    // when empty shards follow it (a rank without headroom last in rank order).
+    const int64_t end = shardBegin_.back() + shardSizes[r];
+    if (end % kShardAlign != 0 && end != total_)
+      throw ConfigError(
+          str("shard ", r, " ends at element ", end, ", not a multiple of ", kShardAlign));
     shardBegin_.push_back(shardBegin_.back() + shardSizes[r]);
   }
   if (shardBegin_.back() != total_)

@@ -4,8 +4,8 @@
 //   flat space  the trainable float32 parameters one after the other (a BlockModel's in block
 //               order), psi elements: element e of tensor k is flat index tensor(k).begin + e.
 //   shard       rank r's contiguous range of the flat space. Shards follow rank order and cover
-//               it; one may be empty, and a boundary may fall inside a tensor. Every boundary but
-//               the last (psi) is a multiple of kShardAlign elements, so each shard starts on a
+//               it; one may be empty, and a boundary may fall inside a tensor. Every boundary
+//               but psi, the end, is a multiple of kShardAlign elements, so each shard starts on a
 //               cache line and a vector of the one-pass optimizer loops.
 //   piece       a shard's part of a range (a tensor, a block): what that rank contributes to, or
 //               receives from, the range's reduce-scatter or allgather.

@@ -88,6 +88,7 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
       blocks_(dynamic_cast<BlockModel*>(model_.get())),
       comm_(std::move(comm)),
       stage_(options.stage),
+      offload_(options.offload),
       optimizer_(options.optimizer),
       params_(flatParameters(*model_)),
       layout_(sizesOf(params_), shardSizesFor(options, totalOf(sizesOf(params_)), comm_->size())) {
@@ -98,6 +99,9 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
   if (optimizer_.name != "sgd" && optimizer_.name != "adam" && optimizer_.name != "adamw")
     throw ConfigError(str("train.optimizer = \"", optimizer_.name,
                           "\" is not sharded by ZeRO; allowed: sgd, adam, adamw"));
+  if (offload_ == Offload::kParameters && stage_ != 3)
+    throw ConfigError(str("offload = \"parameters\" needs zero.stage = 3; stage ", stage_,
+                          " keeps every parameter on every device"));
   if (layout_.ranks() != comm_->size())
     throw ConfigError(str("ZeRO: ", layout_.ranks(), " shards for a group of ", comm_->size()));
   shard_ = layout_.shard(comm_->rank());
@@ -112,6 +116,9 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
   for (auto& w : works) w->wait();
 
   const int64_t shardSize = shard_.size();
+  // Offloaded, the shard lives in host memory and the one-pass optimizer updates it there; the
+  // blocks' gathers read it from the host (on an accelerator: a host-to-device copy).
+  const bool shardOnHost = offload_ == Offload::kParameters;
   if (stage_ < 3) {
     {
       MemoryScope parameters(MemoryCategory::kParameters);
@@ -134,12 +141,13 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
       params_[k].mutable_grad() = flatGradient_.narrow(0, t.begin, t.size()).view_as(params_[k]);
     }
   } else {
-    MemoryScope gradients(MemoryCategory::kGradients);
+    MemoryScope gradients(shardOnHost ? MemoryCategory::kOffloaded : MemoryCategory::kGradients);
     shardGradient_ = torch::zeros({shardSize}, torch::kFloat32);
   }
   if (stage_ == 3) {
     {
-      MemoryScope parameters(MemoryCategory::kParameters);
+      MemoryScope parameters(shardOnHost ? MemoryCategory::kOffloaded
+                                         : MemoryCategory::kParameters);
       shardParams_ = torch::empty({shardSize}, torch::kFloat32);
     }
     for (size_t k = 0; k < params_.size(); ++k) {
@@ -174,13 +182,23 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
     blocks_->setBlockHooks(this);
   }
   {
-    MemoryScope state(MemoryCategory::kOptimizerState);
+    MemoryScope state(offload_ != Offload::kNone ? MemoryCategory::kOffloaded
+                                                 : MemoryCategory::kOptimizerState);
     if (optimizer_.name == "sgd" && optimizer_.momentum != 0)
       state1_ = torch::zeros({shardSize}, torch::kFloat32);
     if (optimizer_.name != "sgd") {
       state1_ = torch::zeros({shardSize}, torch::kFloat32);
       state2_ = torch::zeros({shardSize}, torch::kFloat32);
     }
+  }
+  gradientPolicy_.compression = options.compression;
+  residuals_.resize(params_.size());
+  if (options.errorFeedback) {
+    MemoryScope communication(MemoryCategory::kCommunication);
+    for (size_t k = 0; k < params_.size(); ++k)
+      if (comm_->feedbackCodec(comm::OpKind::ReduceScatter, DType::F32, comm::ReduceOp::Sum,
+                               size_t(params_[k].numel()), gradientPolicy_))
+        residuals_[k] = torch::zeros({params_[k].numel()}, torch::kFloat32);
   }
   reduced_.assign(params_.size(), false);
   if (stage_ == 2)
@@ -228,10 +246,12 @@ void ZeroParallel::reduceIntoShard(size_t k, const torch::Tensor& gradient) {
   const FlatRange t = layout_.tensor(k);
   float* out = stage_ == 1 ? floats(flatGradient_, intersect(shard_, t).begin)
                            : floats(shardGradient_, offsetInShard(t));
+  comm::OpPolicy policy = gradientPolicy_;
+  if (residuals_[k].defined()) policy.residual = residuals_[k].data_ptr<float>();
   const auto start = Clock::now();
   comm_
       ->reduceScatter(gradient.data_ptr<float>(), out, layout_.countsOf(t), DType::F32,
-                      comm::ReduceOp::Sum)
+                      comm::ReduceOp::Sum, policy)
       ->wait();
   waited_ += secondsSince(start);
   reduced_[k] = true;
@@ -386,6 +406,13 @@ void ZeroParallel::forwardWithoutSamples() {
     gather(b);
     release(b);
   }
+}
+
+int64_t ZeroParallel::residualElements() const {
+  int64_t elements = 0;
+  for (const auto& r : residuals_)
+    if (r.defined()) elements += r.numel();
+  return elements;
 }
 
 std::vector<torch::Tensor> ZeroParallel::gatherParameters() {

@@ -44,6 +44,7 @@
 #include "train/models.h"
 #include "train/optim.h"
 #include "train/zero_layout.h"
+#include "train/zero_offload.h"
 
 namespace torch::autograd {
 struct Node;
@@ -55,6 +56,16 @@ struct ZeroOptions {
   int stage = 1;                    // 1, 2 or 3
   std::vector<int64_t> shardSizes;  // elements per rank, aligned (zero_layout.h); empty: even
   OptimSpec optimizer;              // sgd, adam or adamw (makeOptimizer's options)
+  // This rank's: what of its shard lives in host memory (the ledger's "offloaded", outside the
+  // device's cap) rather than on its device.
+  Offload offload = Offload::kNone;
+  // The gradients' reduce-scatters travel under this policy (comm/policy.h; exact by default)...
+  comm::CompressionPolicy compression;
+  // ...keeping, for each tensor whose reduce-scatter keeps error feedback
+  // (Communicator::feedbackCodec), what its encodings lost, added to the next step's: the whole
+  // tensor's floats on every rank (each rank encodes every piece but its own), in the ledger's
+  // "communication".
+  bool errorFeedback = false;
 };
 
 // The trainable parameters of `model` in flat order: a BlockModel's block by block (each once),
@@ -73,6 +84,7 @@ class ZeroParallel : private BlockHooks {
   ZeroParallel& operator=(const ZeroParallel&) = delete;
 
   int stage() const { return stage_; }
+  Offload offload() const { return offload_; }
   const ShardLayout& layout() const { return layout_; }
 
   // The step's micro-batches: this rank's and the most any rank runs (alike on every rank).
@@ -98,6 +110,8 @@ class ZeroParallel : private BlockHooks {
   }
   // Stage 3: every block gathered and freed, as a forward of a rank with samples does.
   void forwardWithoutSamples();
+  // Error-feedback floats this rank keeps (every tensor's residual together).
+  int64_t residualElements() const;
   // Every parameter's current value, in flat order (a collective under stage 3).
   std::vector<torch::Tensor> gatherParameters();
 
@@ -135,6 +149,7 @@ class ZeroParallel : private BlockHooks {
   BlockModel* blocks_ = nullptr;  // model_ as a BlockModel, or nullptr
   std::shared_ptr<comm::Communicator> comm_;
   int stage_;
+  Offload offload_;
   OptimSpec optimizer_;
   std::vector<torch::Tensor> params_;  // flat order
   ShardLayout layout_;
@@ -151,6 +166,8 @@ class ZeroParallel : private BlockHooks {
   // Optimizer state of the shard: sgd's momentum buffer, or adam's two moments.
   torch::Tensor state1_, state2_;
   int64_t steps_ = 0;
+  comm::OpPolicy gradientPolicy_;
+  std::vector<torch::Tensor> residuals_;  // per tensor; undefined where there is no feedback
   // Stage 2: accumulator hooks, as DataParallel's.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hookKeys_;

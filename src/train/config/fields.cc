@@ -245,6 +245,9 @@ const Fields<ZeroConfig>& zeroFields() {
                "parameters"),
       choiceField("shards", &Z::shards, {"memory", "even"},
                   "memory (by each device's headroom) | even (FSDP's and DeepSpeed's)"),
+      choiceField("offload", &Z::offload, {"none", "optimizer", "parameters"},
+                  "kept in host memory: none | optimizer (state) | parameters (stage 3: also "
+                  "the shard's parameters and gradients)"),
   };
   return fields;
 }
@@ -260,6 +263,8 @@ const Fields<DeviceConfig>& deviceFields() {
                  "emulation: runs this many times slower"),
         scheduleField(),
         memoryField(),
+        choiceField("offload", &D::offload, {"none", "optimizer", "parameters"},
+                    "ZeRO: this device's [zero] offload (unset: the section's)"),
         intField("max_micro_batch", &D::maxMicroBatch, within(1, int64_t(1) << 40),
                  "most samples per micro-batch (besides the memory cap)"),
         intField("index", &D::index, within(0, 1 << 16), "cuda/rocm: GPU index"),
@@ -273,6 +278,11 @@ const Fields<DeviceConfig>& deviceFields() {
       return d.kind == "cpu" ? std::string() : std::to_string(d.index);
     };
     f.back().write = [](const D& d) { return d.host.empty() ? std::string() : quote(d.host); };
+    for (auto& field : f)
+      if (field.key == "offload")
+        field.write = [](const D& d) {
+          return d.offload.empty() ? std::string() : quote(d.offload);
+        };
     return f;
   }();
   return fields;

@@ -273,16 +273,26 @@ void checkPipeline(const Check& check) {
 // than trained wrongly.
 void checkZero(const Check& check) {
   const RunConfig& c = check.c;
+  // Offload is of sharded state: data parallelism keeps no shard to move to the host, and only
+  // stage 3 shards the parameters.
+  auto checkOffload = [&](const std::string& key, const std::string& value) {
+    if (value.empty() || value == "none") return;
+    if (c.zero.stage == 0)
+      check.fail(key, quote(value), "offload moves ZeRO's shards to the host: set zero.stage >= 1");
+    if (value == "parameters" && c.zero.stage < 3)
+      check.fail(key, quote(value),
+                 "stages 1 and 2 keep every parameter on every device: set zero.stage = 3, or "
+                 "offload = \"optimizer\"");
+  };
+  checkOffload("zero.offload", c.zero.offload);
+  for (size_t i = 0; i < c.devices.size(); ++i)
+    checkOffload(deviceKey(i, "offload"), c.devices[i].offload);
   if (c.zero.stage == 0) return;
   const std::string stage = std::to_string(c.zero.stage);
   if (c.train.syncEvery > 1)
     check.fail("zero.stage", stage,
                "periodic averaging (train.sync_every > 1) keeps whole replicas: set "
                "train.sync_every = 1, or zero.stage = 0");
-  if (c.comm.compression != "none")
-    check.fail("zero.stage", stage,
-               "sharded gradients travel as float32: set comm.compression = \"none\", or "
-               "zero.stage = 0");
 }
 
 }  // namespace
