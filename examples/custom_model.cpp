@@ -1,13 +1,14 @@
 // custom_model: train your own model on your own data with hetra, from C++.
 //
 // A complete program to copy. It defines
-//   ResidualMlp  the model: a subclass of hetra::train::Model, i.e. a torch::nn::Module whose
-//                forward maps inputs [N, sample shape...] to logits [N, classes];
+//   ResidualMlp  the model: a subclass of hetra::train::BlockModel (a hetra::train::Model, i.e. a
+//                torch::nn::Module whose forward maps inputs [N, sample shape...] to logits
+//                [N, classes]) built from named blocks;
 //   TwoSpirals   the data: a subclass of hetra::train::Dataset, two interleaved spirals in the
-//   plane
-//                generated in code (no files), one class per spiral;
+//                plane generated in code (no files), one class per spiral;
 // builds a RunConfig in code (three CPU devices, one emulated three times slower, so the balancer
-// gives it a smaller share of each batch) and trains with hetra::train::train.
+// gives it a smaller share of each batch; the model's state sharded over the three by ZeRO stage
+// 3) and trains with hetra::train::train.
 //
 // The ranks here are THREADS OF ONE PROCESS: one thread per device, all meeting through one
 // MemoryStore, each creating its own Communicator. A multi-process job (one process per device, as
@@ -37,7 +38,6 @@
 #include "common/errors.h"
 #include "common/logging.h"
 #include "store/store.h"
-#include "train/activation_checkpoint.h"
 #include "train/config.h"
 #include "train/datasets.h"
 #include "train/models.h"
@@ -49,40 +49,37 @@ constexpr int64_t kTrainSamples = 4096;
 constexpr int64_t kTestSamples = 1024;
 constexpr double kMinAccuracy = 0.90;  // working runs reach 0.99-1.0
 
-// A residual MLP: x -> Linear -> [x + Linear(relu(Linear(x)))] * blocks -> Linear -> logits, each
-// residual block checkpointed.
+// A residual MLP: x -> Linear -> [x + Linear(relu(Linear(x)))] * blocks -> Linear -> logits,
+// built from named blocks (hetra::train::BlockModel): that is what lets ZeRO stage 3 shard it
+// (each block's parameters are gathered just before the block runs and freed after it), and a
+// pipeline cut it into stages. A block runs checkpointed under ZeRO-3 (and with
+// setCheckpointing(true)): it keeps only its input for backward and recomputes the rest there
+// (hetra/train/activation_checkpoint.h); the gradients are the same, the activations fewer.
 // Like hetra's own models it has no BatchNorm and no dropout: with data parallelism a replica's
 // result must not depend on how the batch is split between devices.
-class ResidualMlp : public hetra::train::Model {
+class ResidualMlp : public hetra::train::BlockModel {
  public:
   ResidualMlp(int64_t inputs, int64_t width, int64_t blocks, int64_t classes) {
-    input_ = register_module("input", torch::nn::Linear(inputs, width));
+    auto input = register_module("input", torch::nn::Linear(inputs, width));
+    addBlock("input", input->parameters(), [input](const torch::Tensor& x) { return input(x); });
     for (int64_t i = 0; i < blocks; ++i) {
       const std::string name = "block" + std::to_string(i);
-      inner_.push_back(register_module(name + "_inner", torch::nn::Linear(width, width)));
-      outer_.push_back(register_module(name + "_outer", torch::nn::Linear(width, width)));
-    }
-    output_ = register_module("output", torch::nn::Linear(width, classes));
-  }
-
-  torch::Tensor forward(torch::Tensor x) override {
-    x = input_(x);
-    for (size_t i = 0; i < inner_.size(); ++i) {
-      auto& inner = inner_[i];
-      auto& outer = outer_[i];
-      auto block = [&](const torch::Tensor& h) { return h + outer(torch::relu(inner(h))); };
-      // A checkpointed block keeps only its input for backward and recomputes the rest there
-      // (hetra/train/activation_checkpoint.h): the gradients are the same, the activations fewer.
+      auto inner = register_module(name + "_inner", torch::nn::Linear(width, width));
+      auto outer = register_module(name + "_outer", torch::nn::Linear(width, width));
+      // A block names every parameter it reads: ZeRO-3 gathers exactly these.
       auto parameters = inner->parameters();
       for (const auto& p : outer->parameters()) parameters.push_back(p);
-      x = hetra::train::checkpoint(block, x, parameters);
+      addBlock(name, parameters,
+               [inner, outer](const torch::Tensor& h) { return h + outer(torch::relu(inner(h))); });
     }
-    return output_(torch::relu(x));
+    auto output = register_module("output", torch::nn::Linear(width, classes));
+    addBlock("output", output->parameters(),
+             [output](const torch::Tensor& x) { return output(torch::relu(x)); });
   }
 
  private:
-  torch::nn::Linear input_{nullptr}, output_{nullptr};
-  std::vector<torch::nn::Linear> inner_, outer_;
+  // Runs before the first block: the input checks and reshapes of a model (none needed here).
+  torch::Tensor prologue(torch::Tensor x) override { return x; }
 };
 
 // Two spirals of 1.25 turns around the origin, the second rotated by half a turn; a sample is a
@@ -141,6 +138,12 @@ hetra::train::RunConfig makeConfig() {
   config.train.logEvery = 50;
   config.train.seed = 1;  // the sampler's order of samples
   config.comm.timeoutS = 30;
+  // ZeRO stage 3: each rank keeps only its shard of the parameters, gradients and Adam's state
+  // (docs/zero.md). Under `hetra run`, with one process per device and [[devices]] memory caps,
+  // "memory" shards follow each device's free memory; ranks that are threads of one process share
+  // one allocator, so no cap applies and the shards come out even.
+  config.zero.stage = 3;
+  config.zero.shards = "memory";
   // Name, slowdown: the third device emulates a device three times slower (it sleeps twice its
   // compute time, docs/benchmarks.md); memory caps do not apply to a custom model.
   const std::pair<const char*, double> devices[] = {{"fast0", 1.0}, {"fast1", 1.0}, {"slow", 3.0}};

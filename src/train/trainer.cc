@@ -357,6 +357,9 @@ class Run {
                                       indices.begin() + long(offset + sizes[j]));
       offset += size_t(sizes[j]);
       const auto computeStart = Clock::now();
+      // Stage 3 gathers each block inside forward and backward: waiting there is the slowest
+      // rank's pace, not this device's, and would hide every speed difference from the balancer.
+      const double waitedBefore = zero_ ? zero_->waitedSeconds() : 0.0;
       // Gathering the samples is the host's data loading: timed with the micro-batch, for the
       // balancer, but not part of the device's forward+backward that the emulation slows down.
       timeline::Span data(timeline::Lane::Compute, "compute", "data");
@@ -385,7 +388,8 @@ class Run {
       backward.end();
       device_.memory.endMicroBatch(sizes[j]);
       segment.end();  // the emulation's sleep, on the timeline as "slowdown sleep"
-      const double seconds = secondsSince(computeStart);
+      const double seconds =
+          secondsSince(computeStart) - (zero_ ? zero_->waitedSeconds() - waitedBefore : 0.0);
       report[kComputeSeconds] += seconds;
       if (observations < kMaxObservations) {
         report[kFixedFields + 2 * observations] = double(sizes[j]);

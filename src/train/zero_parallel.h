@@ -95,6 +95,9 @@ class ZeroParallel : private BlockHooks {
   // ranks; losses are already divided by the global batch). Returns the seconds spent waiting for
   // communication, in backward and here.
   double finish();
+  // The seconds this step has waited for communication so far (stage 3's gathers inside forward
+  // and backward among them): what a micro-batch's wall time holds besides its compute.
+  double waitedSeconds() const { return waited_; }
   // Clips the global gradient norm to gradClip (0: off) and updates this rank's shard with
   // learning rate lr: the optimizer's compute segment. Returns the norm before clipping (0 when
   // not clipping).
