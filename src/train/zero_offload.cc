@@ -1,25 +1,23 @@
 #include "train/zero_offload.h"
 
-#include "common/errors.h"
+#include "common/names.h"
 
 namespace hetra::train {
+namespace {
+
+constexpr NamedValue<Offload> kOffloadNames[] = {{Offload::kNone, "none"},
+                                                 {Offload::kOptimizer, "optimizer"},
+                                                 {Offload::kParameters, "parameters"}};
+static_assert(coversEnum(kOffloadNames, Offload::kParameters));
+
+}  // namespace
 
 Offload parseOffload(const std::string& value) {
-  if (value == "none") return Offload::kNone;
-  if (value == "optimizer") return Offload::kOptimizer;
-  if (value == "parameters") return Offload::kParameters;
-  throw ConfigError(str("offload = \"", value, "\"; allowed: none, optimizer, parameters"));
+  return parseName(value, kOffloadNames, "offload");
 }
 
 const char* offloadName(Offload offload) {
-  switch (offload) {
-    case Offload::kOptimizer:
-      return "optimizer";
-    case Offload::kParameters:
-      return "parameters";
-    default:
-      return "none";
-  }
+  return nameOf(offload, kOffloadNames);
 }
 
 }  // namespace hetra::train
