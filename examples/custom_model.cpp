@@ -61,7 +61,8 @@ class ResidualMlp : public hetra::train::BlockModel {
  public:
   ResidualMlp(int64_t inputs, int64_t width, int64_t blocks, int64_t classes) {
     auto input = register_module("input", torch::nn::Linear(inputs, width));
-    addBlock("input", input->parameters(), [input](const torch::Tensor& x) { return input(x); });
+    addBlock("input", input->parameters(),
+             [input](const torch::Tensor& x) { return input->forward(x); });
     for (int64_t i = 0; i < blocks; ++i) {
       const std::string name = "block" + std::to_string(i);
       auto inner = register_module(name + "_inner", torch::nn::Linear(width, width));
@@ -69,12 +70,13 @@ class ResidualMlp : public hetra::train::BlockModel {
       // A block names every parameter it reads: ZeRO-3 gathers exactly these.
       auto parameters = inner->parameters();
       for (const auto& p : outer->parameters()) parameters.push_back(p);
-      addBlock(name, parameters,
-               [inner, outer](const torch::Tensor& h) { return h + outer(torch::relu(inner(h))); });
+      addBlock(name, parameters, [inner, outer](const torch::Tensor& h) {
+        return h + outer->forward(torch::relu(inner->forward(h)));
+      });
     }
     auto output = register_module("output", torch::nn::Linear(width, classes));
     addBlock("output", output->parameters(),
-             [output](const torch::Tensor& x) { return output(torch::relu(x)); });
+             [output](const torch::Tensor& x) { return output->forward(torch::relu(x)); });
   }
 
  private:
