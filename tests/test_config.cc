@@ -200,7 +200,7 @@ TEST(Config, BadConfigsNameKeyValueAndWhatIsAllowed) {
       {"[train]\nlr = \"fast\"\n", {}, {"train.lr = \"fast\"", "expected a number > 0"}},
       {"[train]\nglobal_batch = 64.5\n",
        {},
-       {"train.global_batch = 64.5", "expected an integer >= 1"}},
+       {"train.global_batch = 64.5", "expected an integer >= 0"}},
       {"[train]\nnesterov = 1\n", {}, {"train.nesterov = 1", "expected true or false"}},
       {"[model]\nhidden = 512\n", {}, {"model.hidden = 512", "expected a list of integers"}},
       {"[model]\nhidden = [512, \"x\"]\n",
@@ -275,6 +275,18 @@ TEST(Config, BadConfigsNameKeyValueAndWhatIsAllowed) {
       {"[train]\nglobal_batch = 2\n[[devices]]\n[[devices]]\n[[devices]]\n",
        {},
        {"run.toml:2: train.global_batch = 2", "below the number of devices (3)"}},
+      {"[train]\nglobal_batch = -1\n[[devices]]\n", {}, {"train.global_batch = -1", ">= 0"}},
+      // The global batch from memory needs a bound on every device, and no pipeline.
+      {"[train]\nglobal_batch = 0\n[[devices]]\nmemory = \"64MiB\"\n[[devices]]\n[[devices]]\n"
+       "max_micro_batch = 8\n[[devices]]\nname = \"slow\"\n",
+       {},
+       {"run.toml:2: train.global_batch = 0",
+        "devices have none: devices[1] (cpu1), devices[3] (slow);",
+        "devices[i].memory or devices[i].max_micro_batch"}},
+      {"[train]\nglobal_batch = 0\n[parallel]\npipeline = 2\n[[devices]]\nmax_micro_batch = 4\n"
+       "[[devices]]\nmax_micro_batch = 4\n",
+       {},
+       {"run.toml:2: train.global_batch = 0", "not supported with parallel.pipeline > 1"}},
       {"[[devices]]\n[[devices]]\nkind = \"cuda\"\n",
        {},
        {"run.toml:3: devices[1].kind = \"cuda\": this hetra was not built with CUDA support (build "
@@ -404,6 +416,30 @@ TEST(Config, ValidateConfigBuiltInCode) {
   c.devices[1].slowdown = 1;
   c.train.globalBatch = 1;
   EXPECT_THROW(validateConfig(c, cpuOnly()), ConfigError);
+}
+
+// train.global_batch = 0 (from memory, train/global_batch.h) is allowed when every device has a
+// bound, whatever the number of devices, and stays 0 in the config: the trainer resolves it.
+TEST(Config, GlobalBatchFromMemoryNeedsABoundOnEveryDevice) {
+  const RunConfig c = parseConfig(
+      "[train]\nglobal_batch = 0\n[[devices]]\nmemory = \"64MiB\"\n[[devices]]\n"
+      "max_micro_batch = 1\n[[devices]]\nmax_micro_batch = 1\nmemory = \"32MiB\"\n",
+      "run.toml", {}, cpuOnly());
+  EXPECT_EQ(c.train.globalBatch, 0);
+  EXPECT_EQ(parseConfig(toToml(c), "again", {}, cpuOnly()), c);
+  RunConfig inCode;
+  inCode.devices.resize(2);
+  inCode.train.globalBatch = 0;
+  inCode.devices[0].maxMicroBatch = 3;
+  try {
+    validateConfig(inCode, cpuOnly());
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_CONTAINS(e.what(), "train.global_batch = 0");
+    EXPECT_CONTAINS(e.what(), "devices have none: devices[1] (cpu1);");
+  }
+  inCode.devices[1].memoryBytes = 1 << 26;
+  EXPECT_TRUE(validateConfig(inCode, cpuOnly()).empty());
 }
 
 TEST(Config, ParseBytes) {

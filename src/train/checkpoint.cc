@@ -476,8 +476,17 @@ RunCheckpoints::Resumed RunCheckpoints::start(const std::string& resumePath) {
       state.value("devices", std::vector<std::string>{});  // empty: an older checkpoint
   const bool sameDevices =
       state.contains("devices") ? savedDevices == deviceNames() : saved.ranks() == comm_.size();
+  // The same devices with another global batch (train.global_batch = 0 resolved under other
+  // caps, train/global_batch.h): the saved split does not cover this run's batch.
+  const int64_t savedBatch = saved.options().globalBatch;
+  const int64_t batch = parts_.balancer.options().globalBatch;
   if (sameDevices) {
-    parts_.balancer = std::move(saved);
+    if (savedBatch == batch)
+      parts_.balancer = std::move(saved);
+    else if (comm_.rank() == 0)
+      HETRA_WARN("train", "checkpoint ", dir.string(), " was written with a global batch of ",
+                 savedBatch, ", this run's is ", batch,
+                 ": the balancer re-profiles from an equal split");
     const fs::path residualsFile = dir / "residuals.pt";
     if (feedsBackErrors() && fs::exists(residualsFile))
       parts_.parallel->loadResiduals(loadOwnRow(residualsFile, comm_));

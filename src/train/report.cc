@@ -91,6 +91,8 @@ void Report::start(const RunHeader& header) {
       "samples)\n",
       header.model.c_str(), header.data.c_str(), header.devices, (long long)header.globalBatch,
       (long long)header.steps, header.epochs, (long long)header.trainSamples);
+  if (!header.globalBatchFrom.empty())
+    std::printf("global batch %s\n", header.globalBatchFrom.c_str());
   std::printf("model: %lld parameters; gradient buckets: %zu; transport: %s; balance: %s\n",
               (long long)header.parameters, header.buckets, header.transport.c_str(),
               header.balance.c_str());

@@ -67,6 +67,8 @@ struct RunHeader {
   std::string model, data, transport, balance;
   int devices = 0;
   int64_t globalBatch = 0, steps = 0, trainSamples = 0, parameters = 0;
+  // train.global_batch = 0: where the batch came from (GlobalBatch::text, train/global_batch.h).
+  std::string globalBatchFrom;
   double epochs = 0;
   size_t buckets = 0;
 };

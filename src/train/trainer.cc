@@ -16,6 +16,7 @@
 #include "train/datasets.h"
 #include "train/device_memory.h"
 #include "train/evaluate.h"
+#include "train/global_batch.h"
 #include "train/models.h"
 #include "train/optim.h"
 #include "train/periodic_sync.h"
@@ -106,23 +107,27 @@ class Run {
       device::MemoryScope buckets(device::MemoryCategory::kCommunication);
       parallel_ = std::make_unique<DataParallel>(model_, comm_, parallelOptions);
     }
+    // train.global_batch = 0: the sum of the caps the balancer gets (train/global_batch.h), the
+    // same on every rank; from here on config_ holds the resolved batch.
+    const std::vector<balance::RankCaps> caps = zero_ ? zeroCaps_ : rankCapsOf(config_, footprint_);
+    globalBatch_ = globalBatchOf(config_, caps);
+    config_.train.globalBatch = globalBatch_.samples;
     device_.memory.trackGradients(model_->parameters());
-    optimizer_ = makeOptimizer(model_->parameters(), optimSpecOf(config.train));
-    sampler_ = std::make_unique<GlobalSampler>(trainData_->size(), config.train.globalBatch,
-                                               uint64_t(config.train.seed));
+    optimizer_ = makeOptimizer(model_->parameters(), optimSpecOf(config_.train));
+    sampler_ = std::make_unique<GlobalSampler>(trainData_->size(), config_.train.globalBatch,
+                                               uint64_t(config_.train.seed));
     totalSteps_ =
-        config.train.steps > 0 ? config.train.steps : sampler_->stepsFor(config.train.epochs);
-    if (config.train.syncEvery > 1)
+        config_.train.steps > 0 ? config_.train.steps : sampler_->stepsFor(config_.train.epochs);
+    if (config_.train.syncEvery > 1)
       periodic_ = std::make_unique<PeriodicSync>(
-          model_, *optimizer_, comm_, periodicSyncOptionsOf(config, totalSteps_, parallelOptions));
-    schedule_ = std::make_unique<LrSchedule>(scheduleSpecOf(config.train, totalSteps_));
-    balancer_ = std::make_unique<balance::Balancer>(
-        balancerOptionsOf(config), zero_ ? zeroCaps_ : rankCapsOf(config, footprint_));
+          model_, *optimizer_, comm_, periodicSyncOptionsOf(config_, totalSteps_, parallelOptions));
+    schedule_ = std::make_unique<LrSchedule>(scheduleSpecOf(config_.train, totalSteps_));
+    balancer_ = std::make_unique<balance::Balancer>(balancerOptionsOf(config_), caps);
     TrainingParts parts{*model_, *optimizer_, *balancer_, parallel_.get()};
     parts.periodic = periodic_.get();
     parts.zero = zero_.get();  // a sharded run saves and resumes its shards (resharding)
     if (zero_) parts.makeReplica = makeReplica_;  // to read a data-parallel checkpoint
-    checkpoints_.emplace(config, *comm_, parts);
+    checkpoints_.emplace(config_, *comm_, parts);
     const auto resumed = [&] {
       device::MemoryScope state(device::MemoryCategory::kOptimizerState);  // loaded on resume
       return checkpoints_->start(options.resumeDir);
@@ -134,9 +139,9 @@ class Run {
     reportOptions.metricsPath = options.metricsPath;
     reportOptions.appendMetrics = startStep_ > 0 || options.appendMetrics;
     reportOptions.progressBar = options.progressBar;
-    reportOptions.logEvery = config.train.logEvery;
+    reportOptions.logEvery = config_.train.logEvery;
     reportOptions.totalSteps = totalSteps_;
-    reportOptions.globalBatch = config.train.globalBatch;
+    reportOptions.globalBatch = config_.train.globalBatch;
     report_.emplace(reportOptions);
     if (!resumed.dir.empty()) report_->resumed(resumed.dir, resumed.step);
   }
@@ -494,6 +499,7 @@ class Run {
     h.balance = config_.balance.mode;
     h.devices = comm_->size();
     h.globalBatch = config_.train.globalBatch;
+    if (globalBatch_.fromMemory) h.globalBatchFrom = globalBatch_.text;
     h.steps = totalSteps_;
     h.trainSamples = trainData_->size();
     h.parameters = parameterCount(*model_);
@@ -502,7 +508,8 @@ class Run {
     return h;
   }
 
-  const RunConfig& config_;
+  RunConfig config_;  // the run's, train.global_batch resolved once the caps are known
+  GlobalBatch globalBatch_;
   std::shared_ptr<comm::Communicator> comm_;
   TrainerOptions options_;
   RankDevice device_;  // before every member that allocates tensors
@@ -555,7 +562,10 @@ void checkModelFits(const RunConfig& config) {
 
 TrainResult train(const RunConfig& config, std::shared_ptr<comm::Communicator> comm,
                   const TrainerOptions& options) {
-  if (config.parallel.pipeline > 1) return pipeline::train(config, std::move(comm), options);
+  if (config.parallel.pipeline > 1) {
+    globalBatchOf(config, {});  // refuses train.global_batch = 0, which validation refuses too
+    return pipeline::train(config, std::move(comm), options);
+  }
   Run run(config, std::move(comm), options);
   return run.run();
 }

@@ -26,6 +26,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/device_memory.h"
+#include "train/global_batch.h"
 #include "train/pipeline/pipeline_trainer.h"
 #include "train/report.h"
 #include "train/trainer.h"
@@ -108,9 +109,15 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
         "RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID, PMI_RANK, VC_TASK_INDEX; see "
         "docs/deployment.md)");
   if (!context) {
+    // train.global_batch = 0 resolved as every rank will (train/global_batch.h): what cannot be
+    // resolved fails here, before any rank starts, and the predictions use the resolved batch.
+    const train::GlobalBatch batch = train::resolveGlobalBatch(config);
+    train::RunConfig resolved = config;
+    resolved.train.globalBatch = batch.samples;
     if (options.printConfig) {
       std::printf("%s", train::toToml(config).c_str());
-      std::printf("\n%s", train::predictedMemory(config).c_str());
+      if (batch.fromMemory) std::printf("\n# global batch %s\n", batch.text.c_str());
+      std::printf("\n%s", train::predictedMemory(resolved).c_str());
       std::printf("%s", train::pipeline::predictedPipeline(config).c_str());
       return 0;
     }

@@ -117,7 +117,9 @@ const Fields<DataConfig>& dataFields() {
 const Fields<TrainConfig>& trainFields() {
   using T = TrainConfig;
   static const Fields<T> fields = {
-      intField("global_batch", &T::globalBatch, atLeast(1), "samples per step over all devices"),
+      intField("global_batch", &T::globalBatch, atLeast(0),
+               "samples per step over all devices; 0: from memory, the sum of the devices' "
+               "micro-batch caps (docs/memory.md)"),
       numField("epochs", &T::epochs, atLeast(0), "passes over the training set"),
       intField("steps", &T::steps, atLeast(0), "> 0: exactly this many steps (epochs ignored)"),
       numField("lr", &T::lr, above(0), "learning rate (peak, after warm-up)"),

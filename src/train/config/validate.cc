@@ -108,9 +108,33 @@ void warnOversubscription(const RunConfig& c, const Capabilities& caps, Warnings
                            caps.cores, ": ranks will compete for CPU and timings will be skewed"));
 }
 
+// train.global_batch = 0 sums the devices' micro-batch caps (train/global_batch.h): each device
+// needs a bound, a memory cap or max_micro_batch (the footprint that turns a cap into a micro-batch
+// bound is the trainer's to compute). Once resolved the batch is at least one sample a device.
+void checkGlobalBatchFromMemory(const Check& check) {
+  const RunConfig& c = check.c;
+  if (c.parallel.pipeline > 1)
+    check.fail("train.global_batch", "0",
+               "the global batch from memory is not supported with parallel.pipeline > 1 yet: "
+               "set the global batch");
+  std::string unbounded;
+  for (size_t i = 0; i < c.devices.size(); ++i)
+    if (c.devices[i].memoryBytes == 0 && c.devices[i].maxMicroBatch == 0)
+      unbounded += str(unbounded.empty() ? "" : ", ", "devices[", i, "] (", c.devices[i].name, ")");
+  if (!unbounded.empty())
+    check.fail("train.global_batch", "0",
+               str("the global batch from memory sums the devices' micro-batch caps, but these "
+                   "devices have none: ",
+                   unbounded,
+                   "; set devices[i].memory or devices[i].max_micro_batch for each, or "
+                   "train.global_batch > 0"));
+}
+
 void checkTrainLength(const Check& check) {
   const TrainConfig& t = check.c.train;
-  if (t.globalBatch < int64_t(check.c.devices.size()))
+  if (t.globalBatch == 0)
+    checkGlobalBatchFromMemory(check);
+  else if (t.globalBatch < int64_t(check.c.devices.size()))
     check.fail("train.global_batch", std::to_string(t.globalBatch),
                str("below the number of devices (", check.c.devices.size(),
                    "): every device needs at least one sample per step"));
