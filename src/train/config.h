@@ -110,6 +110,7 @@ struct ElasticConfig {
 struct ZeroConfig {
   int64_t stage = 0;  // 0: data parallel; 1: optimizer state; 2: + gradients; 3: + parameters
   std::string shards = "memory";  // memory: sized by each device's headroom | even
+  bool prefetch = true;           // stage 3: gather the next block while the current one runs
   bool operator==(const ZeroConfig&) const = default;
 };
 

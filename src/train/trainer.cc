@@ -231,6 +231,7 @@ class Run {
     ZeroOptions options;
     options.stage = int(config_.zero.stage);
     options.optimizer = optimSpecOf(config_.train);
+    options.prefetch = config_.zero.prefetch;
     options.shardSizes = planShards(config_, bytes, bytes.psi, footprint_.bytesPerSample);
     zero_ = std::make_unique<ZeroParallel>(model_, comm_, options);
     zeroCaps_ = shardedRankCaps(config_, bytes, options.shardSizes, footprint_.bytesPerSample);

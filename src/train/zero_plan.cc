@@ -12,17 +12,20 @@ namespace hetra::train {
 
 ShardedBytes shardedBytesOf(const RunConfig& config, Model& model) {
   const auto params = flatParameters(model);
-  int64_t psi = 0, largestTensor = 0, largestBlock = 0;
+  int64_t psi = 0, largestTensor = 0, largestBlock = 0, largestPair = 0;
   for (const auto& p : params) {
     psi += p.numel();
     largestTensor = std::max(largestTensor, p.numel());
   }
+  int64_t previous = 0;
   if (auto* blocks = dynamic_cast<BlockModel*>(&model))
     for (size_t b = 0; b < blocks->blockCount(); ++b) {
       int64_t elements = 0;
       for (const auto& p : blocks->blockParameters(b))
         if (p.requires_grad()) elements += p.numel();
       largestBlock = std::max(largestBlock, elements);
+      largestPair = std::max(largestPair, elements + previous);  // prefetch: b and b-1 at once
+      previous = elements;
     }
   const int64_t k = 4 * optimizerStateCopies(config.train.optimizer, config.train.momentum);
   ShardedBytes bytes;
@@ -38,7 +41,9 @@ ShardedBytes shardedBytesOf(const RunConfig& config, Model& model) {
       bytes.perElement = 4 + k;
       break;
     default:
-      bytes.buffers = 8 * largestBlock;
+      // The gathered blocks (with prefetch the running one and the next) and one block's whole
+      // gradient.
+      bytes.buffers = 4 * (config.zero.prefetch ? largestPair : largestBlock) + 4 * largestBlock;
       bytes.perElement = 8 + k;
   }
   return bytes;

@@ -19,7 +19,8 @@ class Model;
 //   stage 2: replicated 4 psi (parameters),                 perElement 4 + K, buffers: the
 //            largest tensor's gradient, alive until its reduce-scatter
 //   stage 3: replicated 0,                                  perElement 8 + K, buffers: the
-//            largest block's parameters, gathered, and its gradients
+//            gathered parameters of the largest block (zero.prefetch: of the largest two
+//            adjacent blocks, gathered at once) and the largest block's gradients
 // so a rank's peak is replicated + buffers + perElement * f * psi (+ activations).
 struct ShardedBytes {
   int64_t psi = 0;  // trainable parameters: the flat space's elements

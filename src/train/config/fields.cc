@@ -245,6 +245,9 @@ const Fields<ZeroConfig>& zeroFields() {
                "parameters"),
       choiceField("shards", &Z::shards, {"memory", "even"},
                   "memory (by each device's headroom) | even (FSDP's and DeepSpeed's)"),
+      boolField("prefetch", &Z::prefetch,
+                "stage 3: all-gather the next block while the current one runs (two blocks "
+                "gathered at once)"),
   };
   return fields;
 }
