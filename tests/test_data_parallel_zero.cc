@@ -236,8 +236,10 @@ double relativeDifference(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>() / std::max(1e-12, b.abs().max().item<double>());
 }
 
+// Rank 0's parameters go to `rank0` when given.
 void expectLikeDataParallel(int stage, const std::string& optimizer, double clip,
-                            const std::vector<Offload>& offloads = {}) {
+                            const std::vector<Offload>& offloads = {}, bool prefetch = true,
+                            std::vector<torch::Tensor>* rank0 = nullptr) {
   torch::set_num_threads(1);
   const auto steps = makeSteps();
   const OptimSpec optim = optimizerNamed(optimizer);
@@ -245,9 +247,11 @@ void expectLikeDataParallel(int stage, const std::string& optimizer, double clip
   const auto initial = flatParameters(*makeModel(smallMlp()));
   const auto ranks = zeroRun(stage, steps, optim, clip, [&](ZeroOptions& o, int rank) {
     if (!offloads.empty()) o.offload = offloads[size_t(rank)];
+    o.prefetch = prefetch;
   });
-  std::string what =
-      "stage " + std::to_string(stage) + ", " + optimizer + (clip > 0 ? ", clipped" : "");
+  std::string what = "stage " + std::to_string(stage) + ", " + optimizer +
+                     (clip > 0 ? ", clipped" : "") +
+                     (stage == 3 && !prefetch ? ", no prefetch" : "");
   for (Offload o : offloads) what += std::string(", ") + offloadName(o);
   ASSERT_EQ(reference.size(), initial.size());
   for (size_t k = 0; k < reference.size(); ++k) {
@@ -265,6 +269,7 @@ void expectLikeDataParallel(int stage, const std::string& optimizer, double clip
       EXPECT_TRUE(torch::equal(mine, ranks[0][k])) << what << ": rank " << r << " tensor " << k;
     }
   }
+  if (rank0) *rank0 = ranks.at(0);
 }
 
 TEST(ZeroParallel, Stage1IsBitwiseDataParallel) {
@@ -277,9 +282,16 @@ TEST(ZeroParallel, Stage2IsBitwiseDataParallel) {
   expectLikeDataParallel(2, "adam", 0);
 }
 
-TEST(ZeroParallel, Stage3IsBitwiseDataParallel) {
-  expectLikeDataParallel(3, "sgd", 0);
-  expectLikeDataParallel(3, "adam", 0);
+// With and without prefetching the next block: the same collectives, issued in another order.
+TEST(ZeroParallel, Stage3IsBitwiseDataParallelWithAndWithoutPrefetch) {
+  for (const std::string optimizer : {"sgd", "adam"}) {
+    std::vector<torch::Tensor> prefetched, plain;
+    expectLikeDataParallel(3, optimizer, 0, {}, true, &prefetched);
+    expectLikeDataParallel(3, optimizer, 0, {}, false, &plain);
+    ASSERT_EQ(prefetched.size(), plain.size());
+    for (size_t k = 0; k < plain.size(); ++k)
+      EXPECT_TRUE(torch::equal(prefetched[k], plain[k])) << optimizer << " tensor " << k;
+  }
 }
 
 // Offloading moves the shard's state to host memory; the arithmetic is the same loops on the same
@@ -349,6 +361,179 @@ TEST(ZeroParallel, ClippedStagesFollowDataParallelClosely) {
     expectLikeDataParallel(stage, "sgd", 0.05);
     expectLikeDataParallel(stage, "adam", 0.05);
   }
+  expectLikeDataParallel(3, "adam", 0.05, {}, /*prefetch=*/false);
+}
+
+// ---- Stage 3's collective sequence ---------------------------------------------------------
+
+// A group that logs each collective as it is issued ("G<elements>" an all-gather, "RS<elements>"
+// a reduce-scatter, "AR", "B"), then issues it on the group it wraps.
+class RecordingGroup : public comm::Communicator {
+ public:
+  RecordingGroup(std::shared_ptr<comm::Communicator> inner, std::vector<std::string>* log)
+      : inner_(std::move(inner)), log_(log) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* transportName() const override { return inner_->transportName(); }
+  comm::Transport& transport() override { return inner_->transport(); }
+  std::shared_ptr<comm::Communicator> split(int color, int key,
+                                            const comm::GroupOptions& options) override {
+    return inner_->split(color, key, options);
+  }
+  comm::WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, comm::ReduceOp op,
+                          const comm::OpPolicy& policy) override {
+    log_->push_back("AR");
+    return inner_->allreduce(in, out, count, dtype, op, policy);
+  }
+  comm::WorkPtr reduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                              DType dtype, comm::ReduceOp op,
+                              const comm::OpPolicy& policy) override {
+    log_->push_back("RS" + std::to_string(sum(counts)));
+    return inner_->reduceScatter(in, out, counts, dtype, op, policy);
+  }
+  comm::WorkPtr allgather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                          const comm::OpPolicy& policy) override {
+    log_->push_back("G" + std::to_string(sum(counts)));
+    return inner_->allgather(in, out, counts, dtype, policy);
+  }
+  comm::WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
+    log_->push_back("B");
+    return inner_->broadcast(buf, count, dtype, root);
+  }
+  comm::WorkPtr barrier() override { return inner_->barrier(); }
+  comm::WorkPtr send(const void* buf, size_t count, DType dtype, int dst, uint64_t tag) override {
+    return inner_->send(buf, count, dtype, dst, tag);
+  }
+  comm::WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint64_t tag) override {
+    return inner_->recv(buf, count, dtype, src, tag);
+  }
+  const comm::Codec* feedbackCodec(DType dtype, comm::ReduceOp op, size_t count,
+                                   const comm::OpPolicy& policy) const override {
+    return inner_->feedbackCodec(dtype, op, count, policy);
+  }
+  std::string providerFor(comm::OpKind kind, DType dtype, comm::ReduceOp op, size_t count,
+                          const comm::OpPolicy& policy) const override {
+    return inner_->providerFor(kind, dtype, op, count, policy);
+  }
+  uint64_t bytesSent() const override { return inner_->bytesSent(); }
+  uint64_t bytesReceived() const override { return inner_->bytesReceived(); }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+
+ private:
+  static size_t sum(const std::vector<size_t>& counts) {
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    return total;
+  }
+  std::shared_ptr<comm::Communicator> inner_;
+  std::vector<std::string>* log_;
+};
+
+// Three linear blocks of 15, 20 and 12 elements (weights 12, 15, 10; biases 3, 5, 2), each
+// logging "run<b>" when it computes (forward and recompute) and throwing once when told to.
+class LoggedBlocks : public BlockModel {
+ public:
+  LoggedBlocks(std::vector<std::string>* log, const bool* throwInBlock1) {
+    const std::vector<int64_t> widths = {4, 3, 5, 2};
+    for (size_t b = 0; b + 1 < widths.size(); ++b) {
+      auto layer =
+          register_module("fc" + std::to_string(b), torch::nn::Linear(widths[b], widths[b + 1]));
+      {
+        torch::NoGradGuard noGrad;
+        for (auto& p : layer->parameters()) p.copy_(torch::linspace(-1, 1, p.numel()).view_as(p));
+      }
+      addBlock("fc" + std::to_string(b), layer->parameters(),
+               [layer, log, throwInBlock1, b](const torch::Tensor& x) {
+                 log->push_back("run" + std::to_string(b));
+                 if (b == 1 && *throwInBlock1) throw std::runtime_error("block 1 fails");
+                 return torch::tanh(layer->forward(x));
+               });
+    }
+  }
+
+ private:
+  torch::Tensor prologue(torch::Tensor x) override { return x; }
+};
+
+std::string joined(const std::vector<std::string>& log, bool withRuns) {
+  std::string out;
+  for (const auto& entry : log)
+    if (withRuns || entry.rfind("run", 0) != 0) out += (out.empty() ? "" : " ") + entry;
+  return out;
+}
+
+// Each rank's log of one step (rank 0: two micro-batches, rank 1: one, rank 2: no samples), then
+// an evaluation (rank 0 computes, the others run forwardWithoutSamples), then gatherParameters.
+std::vector<std::vector<std::string>> sequenceLogs(bool prefetch, bool throwFirst = false) {
+  torch::set_num_threads(1);
+  std::vector<std::vector<std::string>> logs(kRanks);
+  auto store = std::make_shared<store::MemoryStore>();
+  test::runRanks(kRanks, [&](int rank) {
+    auto& log = logs[size_t(rank)];
+    bool throwInBlock1 = throwFirst;
+    auto comm = std::make_shared<RecordingGroup>(group(store, rank), &log);
+    auto model = std::make_shared<LoggedBlocks>(&log, &throwInBlock1);
+    ZeroOptions options = zeroOptions(3, {16, 0, 31}, optimizerNamed("sgd"));
+    options.prefetch = prefetch;
+    ZeroParallel zero(model, comm, options);
+    const auto input = torch::linspace(-2, 2, 8 * 4).view({8, 4}) + double(rank);
+    if (throwFirst) {  // every rank's forward fails in block 1, with block 2's gather in flight
+      zero.beginStep(1, 1);
+      EXPECT_THROW(model->forward(input), std::runtime_error);
+      throwInBlock1 = false;
+    }
+    log.clear();
+    const int64_t mine = rank == 0 ? 2 : rank == 1 ? 1 : 0;
+    zero.beginStep(mine, 2);
+    for (int64_t j = 0; j < mine; ++j) {
+      if (j + 1 == mine) zero.armLastBackward();
+      model->forward(input.slice(0, 4 * j, 4 * j + 4)).sum().backward();
+    }
+    zero.finish();
+    zero.step(0.1, 0);
+    {
+      torch::NoGradGuard noGrad;
+      if (rank == 0)
+        model->forward(input);
+      else
+        zero.forwardWithoutSamples();
+    }
+    zero.gatherParameters();
+  });
+  return logs;
+}
+
+TEST(ZeroSequence, PrefetchIssuesTheNextBlocksGatherBeforeABlockRuns) {
+  const auto logs = sequenceLogs(true);
+  // docs/zero.md's order: forward G0 G1 run0 G2 run1 run2; backward G2 G1 run2 R2 G0 run1 R1
+  // run0 R0 (the reduce-scatters in the armed micro-batch only).
+  const std::string forward = "G15 G20 run0 G12 run1 run2";
+  const std::string expected = forward + " G12 G20 run2 G15 run1 run0 " + forward +
+                               " G12 G20 run2 RS10 RS2 G15 run1 RS15 RS5 run0 RS12 RS3 " + forward +
+                               " G15 G20 G12";
+  EXPECT_EQ(joined(logs[0], true), expected);
+  for (int r = 1; r < kRanks; ++r)
+    EXPECT_EQ(joined(logs[size_t(r)], false), joined(logs[0], false)) << "rank " << r;
+}
+
+TEST(ZeroSequence, WithoutPrefetchEachGatherComesJustBeforeItsBlock) {
+  const auto logs = sequenceLogs(false);
+  const std::string forward = "G15 run0 G20 run1 G12 run2";
+  const std::string expected = forward + " G12 run2 G20 run1 G15 run0 " + forward +
+                               " G12 run2 RS10 RS2 G20 run1 RS15 RS5 G15 run0 RS12 RS3 " + forward +
+                               " G15 G20 G12";
+  EXPECT_EQ(joined(logs[0], true), expected);
+  for (int r = 1; r < kRanks; ++r)
+    EXPECT_EQ(joined(logs[size_t(r)], false), joined(logs[0], false)) << "rank " << r;
+}
+
+// A pass that throws leaves block 2's prefetch in flight: the next step waits for it and frees
+// its buffer first, so its sequence is a clean one's.
+TEST(ZeroSequence, APassThatThrowsLeavesNothingInFlight) {
+  const auto clean = sequenceLogs(true);
+  const auto afterThrow = sequenceLogs(true, /*throwFirst=*/true);
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_EQ(joined(afterThrow[size_t(r)], true), joined(clean[size_t(r)], true)) << "rank " << r;
 }
 
 TEST(ZeroParallel, RefusesWhatItCannotShard) {
@@ -525,24 +710,31 @@ const std::vector<std::string> kFormulaModel = {"model.hidden=[128, 128, 128, 12
 // docs/zero.md, fp32 with Adam (K = 8 bytes of state per parameter), psi parameters, f_i rank i's
 // share of them, B the largest block's parameters: DP (8+K) psi; Z1 8 psi + K psi f_i;
 // Z2 4 psi + (4+K) psi f_i plus at most 4 B (one block's gradients until their reduce-scatter);
-// Z3 (8+K) psi f_i + 4 B (the gathered block). Each rank's accounted peak within 5% of it; the sum
-// over ranks below data parallelism's.
+// Z3 (8+K) psi f_i + 4 P with P the largest two adjacent blocks' parameters (the gathered block and
+// the next one, prefetched), 4 B without prefetch. Each rank's accounted peak within 5% of it; the
+// sum over ranks below data parallelism's.
 TEST(ZeroMemory, AccountedPeaksFollowTheFormula) {
   const RunConfig base = configWith(kFormulaModel);
   auto model = makeModel(modelSpecOf(base, datasetGeometry(base.data)));
   const double psi = double(parameterCount(*model));
-  double largestBlock = 0;
+  double largestBlock = 0, largestPair = 0, previous = 0;
   for (size_t b = 0; b < dynamic_cast<BlockModel&>(*model).blockCount(); ++b) {
     double elements = 0;
     for (const auto& p : dynamic_cast<BlockModel&>(*model).blockParameters(b))
       elements += double(p.numel());
     largestBlock = std::max(largestBlock, elements);
+    largestPair = std::max(largestPair, elements + previous);
+    previous = elements;
   }
   constexpr double K = 8;
   double dataParallelSum = 0, dataParallelDeviceSum = 0;
-  for (int stage = 0; stage <= 3; ++stage) {
+  // Stage 4: stage 3 without prefetch.
+  for (int run = 0; run <= 4; ++run) {
+    const int stage = std::min(run, 3);
+    const bool prefetch = run == 3;
     auto sets = kFormulaModel;
     sets.push_back("zero.stage=" + std::to_string(stage));
+    if (stage == 3) sets.push_back(std::string("zero.prefetch=") + (prefetch ? "true" : "false"));
     const RunConfig config = configWith(sets);
     std::vector<int64_t> shards(kRanks, 0);
     if (stage > 0) {
@@ -553,11 +745,12 @@ TEST(ZeroMemory, AccountedPeaksFollowTheFormula) {
       EXPECT_GT(shards[0], shards[1]);  // memory shards: the big device holds the most
       EXPECT_GT(shards[1], shards[2]);
     }
-    const auto outcomes = runRankProcesses("formula" + std::to_string(stage), sets);
+    const auto outcomes = runRankProcesses("formula" + std::to_string(run), sets);
+    const std::string what = "stage " + std::to_string(stage) + (run == 4 ? " no prefetch" : "");
     double sum = 0, deviceSum = 0;
     for (int r = 0; r < kRanks; ++r) {
       const auto& o = outcomes[size_t(r)];
-      ASSERT_EQ(o.code, kTrained) << "stage " << stage << " rank " << r << ": " << lastLine(o);
+      ASSERT_EQ(o.code, kTrained) << what << " rank " << r << ": " << lastLine(o);
       const double f = double(shards[size_t(r)]) / psi;
       double low = 0, high = 0;
       switch (stage) {
@@ -572,11 +765,11 @@ TEST(ZeroMemory, AccountedPeaksFollowTheFormula) {
           high = low + 4 * largestBlock;
           break;
         default:
-          low = high = (8 + K) * psi * f + 4 * largestBlock;
+          low = high = (8 + K) * psi * f + 4 * (prefetch ? largestPair : largestBlock);
       }
       const double accounted = double(accountedPeak(o));
-      EXPECT_GE(accounted, 0.95 * low) << "stage " << stage << " rank " << r;
-      EXPECT_LE(accounted, 1.05 * high) << "stage " << stage << " rank " << r;
+      EXPECT_GE(accounted, 0.95 * low) << what << " rank " << r;
+      EXPECT_LE(accounted, 1.05 * high) << what << " rank " << r;
       sum += accounted;
       deviceSum += double(std::stoll(o.lines.at(1)));
     }
@@ -584,8 +777,8 @@ TEST(ZeroMemory, AccountedPeaksFollowTheFormula) {
       dataParallelSum = sum;
       dataParallelDeviceSum = deviceSum;
     } else {
-      EXPECT_LT(sum, dataParallelSum) << "stage " << stage;
-      EXPECT_LT(deviceSum, dataParallelDeviceSum) << "stage " << stage;
+      EXPECT_LT(sum, dataParallelSum) << what;
+      EXPECT_LT(deviceSum, dataParallelDeviceSum) << what;
     }
   }
 }
@@ -725,7 +918,8 @@ TEST(ZeroTrainer, EveryStageTrainsAndEvaluatesAsDataParallel) {
   auto results = [](int stage) {
     const RunConfig config = configWith(
         {"model.hidden=[32, 16]", "train.steps=7", "train.eval_every=3", "train.global_batch=20",
-         "zero.stage=" + std::to_string(stage), "zero.shards=even", "data.test_samples=43"});
+         "zero.stage=" + std::to_string(std::min(stage, 3)), "zero.shards=even",
+         "data.test_samples=43", std::string("zero.prefetch=") + (stage == 4 ? "false" : "true")});
     std::vector<TrainResult> out(kRanks);
     auto store = std::make_shared<store::MemoryStore>();
     test::runRanks(kRanks, [&](int rank) {
@@ -737,7 +931,7 @@ TEST(ZeroTrainer, EveryStageTrainsAndEvaluatesAsDataParallel) {
     return out;
   };
   const auto reference = results(0);
-  for (int stage : {1, 2, 3}) {
+  for (int stage : {1, 2, 3, 4}) {  // 4: stage 3 without prefetch
     const auto sharded = results(stage);
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_NEAR(sharded[size_t(r)].testLoss, reference[size_t(r)].testLoss,
@@ -778,6 +972,8 @@ TEST(ZeroConfig, ValuesAndCombinationsItCannotRunAreRefusedByName) {
   const RunConfig fine = configWith({"zero.stage=3", "zero.shards=even"});
   EXPECT_EQ(fine.zero.stage, 3);
   EXPECT_EQ(fine.zero.shards, "even");
+  EXPECT_TRUE(fine.zero.prefetch);  // the default
+  EXPECT_FALSE(configWith({"zero.stage=3", "zero.prefetch=false"}).zero.prefetch);
   EXPECT_EQ(parseConfig(toToml(fine), "printed", {}), fine);
 }
 

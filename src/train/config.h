@@ -113,6 +113,7 @@ struct ZeroConfig {
   // What stays in host memory, outside the device's cap: none | optimizer (its state) |
   // parameters (stage 3: also the shard's parameters and gradients). devices[i].offload overrides.
   std::string offload = "none";
+  bool prefetch = true;  // stage 3: gather the next block while the current one runs
   bool operator==(const ZeroConfig&) const = default;
 };
 

@@ -241,6 +241,7 @@ class Run {
     ZeroOptions options;
     options.stage = int(config_.zero.stage);
     options.optimizer = optimSpecOf(config_.train);
+    options.prefetch = config_.zero.prefetch;
     options.shardSizes = planShards(config_, bytes, bytes.psi, footprint_.bytesPerSample);
     options.offload = offloadOf(config_, size_t(comm_->rank()));
     options.compression = parallelOptions.compression;  // the gradients', as data parallelism's

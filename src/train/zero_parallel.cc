@@ -89,6 +89,7 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
       comm_(std::move(comm)),
       stage_(options.stage),
       offload_(options.offload),
+      prefetch_(options.prefetch),
       optimizer_(options.optimizer),
       params_(flatParameters(*model_)),
       layout_(sizesOf(params_), shardSizesFor(options, totalOf(sizesOf(params_)), comm_->size())) {
@@ -179,6 +180,7 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
       blockBuffer_.push_back(std::move(buffer));
     }
     HETRA_ENFORCE_EQ(next, params_.size(), "every parameter in one block");
+    pending_.resize(blockBuffer_.size());
     blocks_->setBlockHooks(this);
   }
   {
@@ -212,6 +214,7 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
 }
 
 ZeroParallel::~ZeroParallel() {
+  settlePending();
   for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hookKeys_[k]);
   if (blocks_ && stage_ == 3) blocks_->setBlockHooks(nullptr);
 }
@@ -221,23 +224,49 @@ int64_t ZeroParallel::offsetInShard(FlatRange range) const {
   return piece.size() > 0 ? piece.begin - shard_.begin : 0;
 }
 
-void ZeroParallel::gather(size_t block) {
+void ZeroParallel::gatherFor(size_t block, size_t next) {
+  if (!pending_[block]) issueGather(block);
+  if (prefetch_ && next != kNoBlock) issueGather(next);
+  awaitGather(block);
+}
+
+void ZeroParallel::issueGather(size_t block) {
+  HETRA_ENFORCE(!pending_[block], "block ", block, "'s gather issued twice");
   const FlatRange range = blockRange_[block];
   const torch::Tensor& buffer = blockBuffer_[block];
   {
     MemoryScope parameters(MemoryCategory::kParameters);
     resizeStorage(buffer, size_t(range.size()) * sizeof(float));
   }
+  pending_[block] = comm_->allgather(floats(shardParams_, offsetInShard(range)), floats(buffer),
+                                     layout_.countsOf(range), DType::F32);
+}
+
+void ZeroParallel::awaitGather(size_t block) {
   const auto start = Clock::now();
-  comm_
-      ->allgather(floats(shardParams_, offsetInShard(range)), floats(buffer),
-                  layout_.countsOf(range), DType::F32)
-      ->wait();
+  pending_[block]->wait();  // on failure it stays pending: settlePending waits again
+  pending_[block].reset();
   waited_ += secondsSince(start);
 }
 
 void ZeroParallel::release(size_t block) {
+  HETRA_ENFORCE(!pending_[block], "block ", block, " freed with its gather in flight");
   resizeStorage(blockBuffer_[block], 0);
+}
+
+void ZeroParallel::settlePending() noexcept {
+  for (size_t b = 0; b < pending_.size(); ++b) {
+    if (!pending_[b]) continue;
+    try {
+      pending_[b]->wait(deadlineAfter(Millis(60000)));
+    } catch (const std::exception&) {  // the group's latched error: reported where it arose
+    }
+    // A work that outlived even that deadline keeps its buffer: better leaked than overwritten.
+    if (pending_[b]->isCompleted()) {
+      pending_[b].reset();
+      resizeStorage(blockBuffer_[b], 0);
+    }
+  }
 }
 
 void ZeroParallel::reduceIntoShard(size_t k, const torch::Tensor& gradient) {
@@ -278,37 +307,35 @@ void ZeroParallel::takeGradients(size_t block, std::vector<torch::Tensor>& gradi
   HETRA_ENFORCE_EQ(gradients.size(), tensors.size(), "gradients of block ", block);
   for (size_t i = 0; i < tensors.size(); ++i) {
     auto& grad = params_[tensors[i]].mutable_grad();
-    // The sum DataParallel's accumulator would form: earlier micro-batches' plus this one's.
-    torch::Tensor total =
-        gradients[i].defined() ? gradients[i] : torch::zeros_like(params_[tensors[i]]);
-    if (grad.defined()) total = grad + total;
+    // The sum DataParallel's accumulator would form: earlier micro-batches' plus this one's (an
+    // idle round has neither, or only the earlier ones').
+    torch::Tensor total = gradients[i];
+    if (grad.defined()) total = total.defined() ? grad + total : grad;
+    if (!total.defined()) total = torch::zeros_like(params_[tensors[i]]);
     reduceIntoShard(tensors[i], total.contiguous());
     grad = torch::Tensor();
     gradients[i] = torch::Tensor();
   }
 }
 
+// A micro-batch's collectives without its compute: the hooks a forward and a backward call, in
+// their order, so the sequence is a computing rank's by construction. takeGradients
+// reduce-scatters (what accumulated, or zeros) only in the last round, once armed.
 void ZeroParallel::idleRound(bool last) {
+  HETRA_ENFORCE_EQ(last, armed_, "an idle round reduces exactly when armed");
   torch::NoGradGuard noGrad;
-  for (size_t b = 0; b < blockRange_.size(); ++b) {
-    gather(b);
-    release(b);
-  }
+  forwardWithoutSamples();
   for (size_t b = blockRange_.size(); b-- > 0;) {
-    gather(b);
-    release(b);
-    if (!last) continue;
-    for (size_t k : blockTensors_[b]) {
-      auto& grad = params_[k].mutable_grad();
-      reduceIntoShard(k, grad.defined() ? grad.contiguous() : torch::zeros_like(params_[k]));
-      grad = torch::Tensor();
-    }
+    recomputing(b);
+    std::vector<torch::Tensor> none(blockTensors_[b].size());
+    takeGradients(b, none);
   }
 }
 
 void ZeroParallel::beginStep(int64_t mine, int64_t most) {
   HETRA_ENFORCE(mine >= 0 && mine <= most, "micro-batches: ", mine, " of at most ", most);
   waited_ = 0;
+  settlePending();  // normally nothing: a pass that threw may have left its prefetch
   if (stage_ == 3)
     for (int64_t round = std::max<int64_t>(mine, 1); round < most; ++round) idleRound(false);
 }
@@ -403,8 +430,8 @@ void ZeroParallel::update(double lr) {
 void ZeroParallel::forwardWithoutSamples() {
   if (stage_ != 3) return;
   for (size_t b = 0; b < blockRange_.size(); ++b) {
-    gather(b);
-    release(b);
+    beforeBlock(b);
+    afterBlock(b);
   }
 }
 
@@ -422,10 +449,10 @@ std::vector<torch::Tensor> ZeroParallel::gatherParameters() {
     for (size_t k = 0; k < params_.size(); ++k) out[k] = params_[k].clone();
     return out;
   }
-  for (size_t b = 0; b < blockRange_.size(); ++b) {
-    gather(b);
+  for (size_t b = 0; b < blockRange_.size(); ++b) {  // a forward's sequence
+    beforeBlock(b);
     for (size_t k : blockTensors_[b]) out[k] = params_[k].clone();
-    release(b);
+    afterBlock(b);
   }
   return out;
 }

@@ -10,9 +10,11 @@
 //            backward each tensor's gradient is reduce-scattered into the shard as soon as
 //            autograd has accumulated it, and freed.
 //   stage 3  also the parameters: a rank keeps its shard; a BlockModel's block is all-gathered
-//            into the block's own buffer just before it runs and freed after it, in forward and
+//            into the block's own buffer before it runs and freed after it, in forward and
 //            again for backward, which recomputes it (the blocks run checkpointed); the block's
-//            gradients are reduce-scattered into the shard as the recompute produces them.
+//            gradients are reduce-scattered into the shard as the recompute produces them. With
+//            prefetch the gather of the block that runs next is issued before the current one
+//            runs (see "Stage 3's collective sequence" below).
 //
 // Uneven accumulation: ranks run different numbers of micro-batches, yet every rank issues the
 // same collectives in the same order, and no rank contributes a gradient twice:
@@ -27,6 +29,18 @@
 //     them with the reduce-scatters. A rank without samples runs that last round in finish().
 //   - evaluation: a rank with fewer test batches than another runs forwardWithoutSamples() for
 //     each batch it lacks (stage 3 only gathers; the others do nothing).
+//
+// Stage 3's collective sequence, n blocks, with prefetch (G b: block b's all-gather issued,
+// W b: waited for, F b: its buffer freed, R b: its tensors' reduce-scatters, issued and waited
+// for one by one, last round only):
+//   forward   G0 G1 W0 [block 0] F0  G2 W1 [block 1] F1  ...  W(n-1) [block n-1] F(n-1)
+//   backward  G(n-1) G(n-2) W(n-1) [recompute, backward n-1] F(n-1) R(n-1)
+//             G(n-3) W(n-2) [n-2] F(n-2) R(n-2)  ...  W0 [0] F0 R0
+// Without prefetch each G b comes just before its W b. Nothing is in flight between passes.
+// The collectives of a group run in issue order, so R b runs after the prefetched G(b-1). The
+// hooks below (gatherFor) produce it for a computing rank, and idleRound, forwardWithoutSamples
+// and gatherParameters call the same hooks, so idle ranks issue the same sequence. Memory: up to
+// two gathered blocks at once (b and the next one), 4 bytes per element of each.
 //
 // Use per step: beginStep(mine, most); micro-batches 1..k-1 with plain backward;
 // armLastBackward() before the last backward; finish(); step(lr, clip). The constructor makes
@@ -66,6 +80,7 @@ struct ZeroOptions {
   // tensor's floats on every rank (each rank encodes every piece but its own), in the ledger's
   // "communication".
   bool errorFeedback = false;
+  bool prefetch = true;  // stage 3: gather the next block while one runs
 };
 
 // The trainable parameters of `model` in flat order: a BlockModel's block by block (each once),
@@ -131,15 +146,27 @@ class ZeroParallel : private BlockHooks {
   void restored(int64_t optimizerSteps);
 
  private:
-  void beforeBlock(size_t block) override { gather(block); }
+  // Forward runs the blocks in order, backward recomputes them in reverse.
+  void beforeBlock(size_t block) override {
+    gatherFor(block, block + 1 < blockRange_.size() ? block + 1 : kNoBlock);
+  }
   void afterBlock(size_t block) override { release(block); }
-  void recomputing(size_t block) override { gather(block); }
+  void recomputing(size_t block) override { gatherFor(block, block > 0 ? block - 1 : kNoBlock); }
   void takeGradients(size_t block, std::vector<torch::Tensor>& gradients) override;
 
+  static constexpr size_t kNoBlock = size_t(-1);
   // Where this rank's piece of `range` starts in its shard (0 for an empty piece).
   int64_t offsetInShard(FlatRange range) const;
-  void gather(size_t block);
+  // Block `block` is about to run: its gather issued unless prefetched, then (with prefetch) that
+  // of `next`, the block the pass runs after it (kNoBlock: none), then block's waited for.
+  void gatherFor(size_t block, size_t next);
+  // Grows the block's buffer and issues its all-gather into it (pending_).
+  void issueGather(size_t block);
+  void awaitGather(size_t block);
   void release(size_t block);
+  // Waits for every gather still in flight (an exception left a pass), ignoring their errors,
+  // and frees their buffers: nothing writes into a buffer after it is gone.
+  void settlePending() noexcept;
   void idleRound(bool last);
   // Reduce-scatters `gradient` (tensor k's whole gradient, contiguous) into the shard's part of k.
   void reduceIntoShard(size_t k, const torch::Tensor& gradient);
@@ -153,6 +180,7 @@ class ZeroParallel : private BlockHooks {
   std::shared_ptr<comm::Communicator> comm_;
   int stage_;
   Offload offload_;
+  bool prefetch_;  // stage 3
   OptimSpec optimizer_;
   std::vector<torch::Tensor> params_;  // flat order
   ShardLayout layout_;
@@ -166,6 +194,7 @@ class ZeroParallel : private BlockHooks {
   std::vector<FlatRange> blockRange_;
   std::vector<std::vector<size_t>> blockTensors_;
   std::vector<torch::Tensor> blockBuffer_;
+  std::vector<comm::WorkPtr> pending_;  // per block: its all-gather, issued, not yet waited for
   // Optimizer state of the shard: sgd's momentum buffer, or adam's two moments.
   torch::Tensor state1_, state2_;
   int64_t steps_ = 0;

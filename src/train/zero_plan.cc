@@ -12,7 +12,7 @@ namespace hetra::train {
 
 ShardedBytes shardedBytesOf(const RunConfig& config, Model& model) {
   const auto params = flatParameters(model);
-  int64_t psi = 0, largestTensor = 0, largestBlock = 0, fedBack = 0;
+  int64_t psi = 0, largestTensor = 0, largestBlock = 0, largestPair = 0, fedBack = 0;
   // Compressed gradients with error feedback keep a residual of each tensor whose reduce-scatter
   // is compressed (at least comm.compression_min_bytes), whole, on every rank: at most 4 psi
   // (less where a hierarchy compresses only between islands and keeps none).
@@ -22,12 +22,15 @@ ShardedBytes shardedBytesOf(const RunConfig& config, Model& model) {
     largestTensor = std::max(largestTensor, p.numel());
     if (feedback && 4 * p.numel() >= config.comm.compressionMinBytes) fedBack += p.numel();
   }
+  int64_t previous = 0;
   if (auto* blocks = dynamic_cast<BlockModel*>(&model))
     for (size_t b = 0; b < blocks->blockCount(); ++b) {
       int64_t elements = 0;
       for (const auto& p : blocks->blockParameters(b))
         if (p.requires_grad()) elements += p.numel();
       largestBlock = std::max(largestBlock, elements);
+      largestPair = std::max(largestPair, elements + previous);  // prefetch: b and b-1 at once
+      previous = elements;
     }
   ShardedBytes bytes;
   bytes.psi = psi;
@@ -42,7 +45,9 @@ ShardedBytes shardedBytesOf(const RunConfig& config, Model& model) {
       bytes.sharded = 4;
       break;
     default:
-      bytes.buffers = 8 * largestBlock;
+      // The gathered blocks (with prefetch the running one and the next) and one block's whole
+      // gradient.
+      bytes.buffers = 4 * (config.zero.prefetch ? largestPair : largestBlock) + 4 * largestBlock;
       bytes.sharded = 8;
   }
   bytes.replicated += 4 * fedBack;

@@ -21,7 +21,8 @@ class Model;
 //   stage 2: replicated 4 psi (parameters),                 per shard element 4 + K, buffers:
 //            the largest tensor's gradient, alive until its reduce-scatter
 //   stage 3: replicated 0,                                  per shard element 8 + K, buffers:
-//            the largest block's parameters, gathered, and its gradients
+//            the gathered parameters of the largest block (zero.prefetch: of the largest two
+//            adjacent blocks, gathered at once) and the largest block's gradients
 // plus, with compressed gradients and error feedback, replicated 4 bytes per element of every
 // compressed tensor (its residual, whole on every rank),
 // so a rank's peak is replicated + buffers + perElement * f * psi (+ activations). What the

@@ -250,6 +250,9 @@ const Fields<ZeroConfig>& zeroFields() {
       choiceField("offload", &Z::offload, {"none", "optimizer", "parameters"},
                   "kept in host memory: none | optimizer (state) | parameters (stage 3: also "
                   "the shard's parameters and gradients)"),
+      boolField("prefetch", &Z::prefetch,
+                "stage 3: all-gather the next block while the current one runs (two blocks "
+                "gathered at once)"),
   };
   return fields;
 }
