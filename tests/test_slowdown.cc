@@ -144,6 +144,60 @@ TEST(ComputeScope, AFailedSegmentIsNotEmulated) {
   EXPECT_TRUE(sleep.requests.empty());
 }
 
+// A wait for peers inside a segment (ZeRO's gathers): its wall time and the CPU time spent
+// spinning are not the device's work, and the slowdown does not stretch them.
+TEST(ComputeScope, APauseIsLeftOutOfTheSegment) {
+  ManualClocks time;
+  const ComputeClocks clocks = time.clocks();
+  LateSleep sleep;
+  SlowdownEmulator emulator(sleep.fn());
+  {
+    ComputeScope segment(emulator, 3.0, clocks);
+    time.wall += 0.002;  // 2 ms computing
+    time.work += 0.002;
+    {
+      ComputePause waiting;
+      time.wall += 0.010;  // 10 ms waiting, 4 ms of it spinning
+      time.work += 0.004;
+    }
+    time.wall += 0.001;  // 1 ms computing
+    time.work += 0.001;
+  }
+  // 3 x 3 ms - 3 ms; with the pause counted it would be 3 x 7 ms - 13 ms.
+  ASSERT_EQ(sleep.requests.size(), 1u);
+  EXPECT_NEAR(sleep.requests[0], 0.006, 1e-12);
+}
+
+// A pause outside any segment changes nothing, nor does one in a segment that has ended; the next
+// segment starts with nothing paused.
+TEST(ComputeScope, APauseOutsideASegmentChangesNothing) {
+  ManualClocks time;
+  const ComputeClocks clocks = time.clocks();
+  LateSleep sleep;
+  SlowdownEmulator emulator(sleep.fn());
+  {
+    ComputePause waiting;
+    time.wall += 0.005;
+  }
+  {
+    ComputeScope segment(emulator, 2.0, clocks);
+    time.wall += 0.001;
+    time.work += 0.001;
+    segment.end();
+    ComputePause late;
+    time.wall += 0.005;
+    time.work += 0.005;
+  }
+  {
+    ComputeScope segment(emulator, 2.0, clocks);
+    time.wall += 0.003;
+    time.work += 0.003;
+  }
+  ASSERT_EQ(sleep.requests.size(), 2u);
+  EXPECT_NEAR(sleep.requests[0], 0.001, 1e-12);
+  EXPECT_NEAR(sleep.requests[1], 0.003, 1e-12);
+}
+
 TEST(ComputeScope, ThisProcessesClocksMeasureTheCallingThread) {
   const ComputeClocks clocks = ComputeClocks::ofThisProcess(1);
   const double wall = clocks.wall(), work = clocks.work();

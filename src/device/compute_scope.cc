@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 
@@ -15,6 +16,8 @@ double cpuSeconds(clockid_t clock) {
   clock_gettime(clock, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
+
+thread_local ComputeScope* tOpenSegment = nullptr;
 
 }  // namespace
 
@@ -37,18 +40,37 @@ ComputeScope::ComputeScope(SlowdownEmulator& emulator, double slowdown, const Co
       clocks_(clocks),
       wallStart_(clocks.wall()),
       workStart_(clocks.work()),
-      uncaught_(std::uncaught_exceptions()) {}
+      enclosing_(tOpenSegment),
+      uncaught_(std::uncaught_exceptions()) {
+  tOpenSegment = this;
+}
 
 ComputeScope::~ComputeScope() {
   if (!ended_ && std::uncaught_exceptions() == uncaught_) end();
+  if (!ended_) tOpenSegment = enclosing_;  // a failed segment
 }
 
 double ComputeScope::end() {
   if (ended_) return 0;
   ended_ = true;
+  tOpenSegment = enclosing_;
   timeline::Span sleep(timeline::Lane::Compute, "emulation", "slowdown sleep");
   sleep.arg("slowdown", slowdown_);
-  return emulator_.endPhase(slowdown_, clocks_.wall() - wallStart_, clocks_.work() - workStart_);
+  const double wall = clocks_.wall() - wallStart_ - pausedWall_;
+  const double work = clocks_.work() - workStart_ - pausedWork_;
+  return emulator_.endPhase(slowdown_, std::max(wall, 0.0), std::max(work, 0.0));
+}
+
+ComputePause::ComputePause() : segment_(tOpenSegment) {
+  if (!segment_) return;
+  wallStart_ = segment_->clocks_.wall();
+  workStart_ = segment_->clocks_.work();
+}
+
+ComputePause::~ComputePause() {
+  if (!segment_ || segment_->ended_) return;
+  segment_->pausedWall_ += segment_->clocks_.wall() - wallStart_;
+  segment_->pausedWork_ += segment_->clocks_.work() - workStart_;
 }
 
 }  // namespace hetra::device

@@ -8,6 +8,11 @@
 // calling thread, so its own clock leaves out the communicator's progress thread (gradient
 // allreduces, polling), whose work is communication and must not be multiplied by the slowdown.
 // With more threads the process clock divided by the threads is the best there is.
+//
+// A segment may wait for its peers: ZeRO gathers each block inside forward and backward, and
+// reduce-scatters gradients inside backward. The emulated device computes nothing then, so a
+// ComputePause takes that stretch out of the segment: its wall time, and the thread's CPU time
+// spinning or running the collective itself, which the slowdown must not multiply.
 #pragma once
 
 #include <functional>
@@ -37,12 +42,28 @@ class ComputeScope {
   double end();
 
  private:
+  friend class ComputePause;
   SlowdownEmulator& emulator_;
   double slowdown_;
   const ComputeClocks& clocks_;
   double wallStart_, workStart_;
+  double pausedWall_ = 0, pausedWork_ = 0;
+  ComputeScope* enclosing_;  // the scope open on this thread before this one
   int uncaught_;
   bool ended_ = false;
+};
+
+// While alive, the segment open on this thread (if any) is not computing: a wait for peers.
+class ComputePause {
+ public:
+  ComputePause();
+  ~ComputePause();
+  ComputePause(const ComputePause&) = delete;
+  ComputePause& operator=(const ComputePause&) = delete;
+
+ private:
+  ComputeScope* segment_;
+  double wallStart_ = 0, workStart_ = 0;
 };
 
 }  // namespace hetra::device

@@ -10,6 +10,7 @@
 
 #include "common/errors.h"
 #include "common/timing.h"
+#include "device/compute_scope.h"
 #include "device/memory_accounting.h"
 #include "train/fused_optim.h"
 #include "train/gradient_hooks.h"
@@ -243,6 +244,7 @@ void ZeroParallel::issueGather(size_t block) {
 }
 
 void ZeroParallel::awaitGather(size_t block) {
+  device::ComputePause waiting;  // the emulated device idles; its slowdown does not stretch this
   const auto start = Clock::now();
   pending_[block]->wait();  // on failure it stays pending: settlePending waits again
   pending_[block].reset();
@@ -262,11 +264,11 @@ void ZeroParallel::settlePending() noexcept {
     } catch (const std::exception&) {  // the group's latched error: reported where it arose
     }
     // A work that outlived even that deadline keeps its buffer: better leaked than overwritten.
-    if (pending_[b]->isCompleted()) {
-      pending_[b].reset();
-      resizeStorage(blockBuffer_[b], 0);
-    }
+    if (pending_[b]->isCompleted()) pending_[b].reset();
   }
+  // The block that was computing when the pass threw is gathered but no longer pending.
+  for (size_t b = 0; b < pending_.size(); ++b)
+    if (!pending_[b]) resizeStorage(blockBuffer_[b], 0);
 }
 
 void ZeroParallel::reduceIntoShard(size_t k, const torch::Tensor& gradient) {
@@ -277,6 +279,7 @@ void ZeroParallel::reduceIntoShard(size_t k, const torch::Tensor& gradient) {
                            : floats(shardGradient_, offsetInShard(t));
   comm::OpPolicy policy = gradientPolicy_;
   if (residuals_[k].defined()) policy.residual = residuals_[k].data_ptr<float>();
+  device::ComputePause waiting;
   const auto start = Clock::now();
   comm_
       ->reduceScatter(gradient.data_ptr<float>(), out, layout_.countsOf(t), DType::F32,
@@ -384,7 +387,10 @@ double ZeroParallel::updateShard(double lr, double gradClip) {
     double squares = 0;
     const float* g = floats(grads);
     for (int64_t i = 0; i < grads.numel(); ++i) squares += double(g[i]) * double(g[i]);
-    comm_->allreduce(&squares, &squares, 1, DType::F64, comm::ReduceOp::Sum)->wait();
+    {
+      device::ComputePause waiting;
+      comm_->allreduce(&squares, &squares, 1, DType::F64, comm::ReduceOp::Sum)->wait();
+    }
     norm = std::sqrt(squares);
     const double coefficient = gradClip / (norm + 1e-6);
     if (coefficient < 1) grads.mul_(coefficient);

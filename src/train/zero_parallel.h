@@ -165,7 +165,8 @@ class ZeroParallel : private BlockHooks {
   void awaitGather(size_t block);
   void release(size_t block);
   // Waits for every gather still in flight (an exception left a pass), ignoring their errors,
-  // and frees their buffers: nothing writes into a buffer after it is gone.
+  // then frees every block's buffer: nothing writes into a buffer after it is gone. Only between
+  // passes (no block is computing).
   void settlePending() noexcept;
   void idleRound(bool last);
   // Reduce-scatters `gradient` (tensor k's whole gradient, contiguous) into the shard's part of k.
