@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -17,13 +18,16 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "device/memory_accounting.h"
 #include "train/config.h"
 #include "train/dataset_geometry.h"
+#include "train/device_memory.h"
 #include "train/global_batch.h"
 #include "train/models.h"
 #include "train/specs.h"
@@ -119,19 +123,26 @@ TEST(GlobalBatch, SetGlobalBatchIsKept) {
 
 // Under ZeRO the caps are what each device's cap leaves after its shard of the state (docs/zero.md
 // "Memory: the formula"): fixed_i = replicated + buffers + perElement * shard_i, with Ψ = 603, K =
-// 4 bytes of momentum per parameter, B = 300 the largest block.
+// 4 bytes of momentum per parameter, B = 300 the largest block and P = 264 + 300 the largest two
+// adjacent blocks (stage 3 with zero.prefetch gathers the next block beside the current one).
 TEST(GlobalBatch, ZeroSumsTheCapsOfTheMemoryShards) {
   const std::string train = "optimizer = \"sgd\"\nmomentum = 0.9\n";
-  for (int stage : {1, 3}) {
-    SCOPED_TRACE(stage);
-    const std::string zero = "[zero]\nstage = " + std::to_string(stage) + "\nshards = \"memory\"\n";
+  for (const auto& [stage, prefetch] :
+       {std::pair{1, true}, std::pair{3, true}, std::pair{3, false}}) {
+    SCOPED_TRACE(str("stage ", stage, ", prefetch ", prefetch));
+    const std::string zero = "[zero]\nstage = " + std::to_string(stage) +
+                             "\nshards = \"memory\"\nprefetch = " + (prefetch ? "true" : "false") +
+                             "\n";
     RunConfig probe = configOf({{0, 1}}, train, zero);
     const MemoryFootprint footprint = footprintOf(probe);
     const int64_t perSample = footprint.bytesPerSample;
     ASSERT_GT(perSample, 0);
     const int64_t k = 4;
     const int64_t replicated = stage == 1 ? 8 * kPsi : 0;
-    const int64_t buffers = stage == 1 ? 0 : 8 * kLargestBlock;
+    const int64_t largestPair = 264 + 300;
+    const int64_t buffers = stage == 1 ? 0
+                            : prefetch ? 4 * largestPair + 4 * kLargestBlock
+                                       : 8 * kLargestBlock;
     const int64_t perElement = stage == 1 ? k : 8 + k;
     // Three capped devices of uneven memory, a fourth with max_micro_batch only (it counts with
     // the largest headroom of the capped ones for its shard).
@@ -172,6 +183,21 @@ TEST(GlobalBatch, ZeroSumsTheCapsOfTheMemoryShards) {
     EXPECT_GE(caps[2], 70);
     EXPECT_EQ(globalBatchOf(config, shardedRankCaps(config, bytes, shards, perSample)).samples,
               expected);
+    // --print-config's predicted peaks (device_memory.h predictedMemory) are the plan's: each
+    // device's fixed bytes and its micro-batch at an equal split of the batch, within its cap.
+    RunConfig resolved = config;
+    resolved.train.globalBatch = expected;
+    const std::string predicted = predictedMemory(resolved);
+    EXPECT_NE(predicted.find(str("ZeRO stage ", stage)), std::string::npos) << predicted;
+    const int64_t equalShare = (expected + 3) / 4;
+    for (size_t r = 0; r < 3; ++r) {
+      const int64_t m = std::min(equalShare, caps[r]);
+      const int64_t fixed = replicated + buffers + perElement * shards[r];
+      const std::string line =
+          str("devices[", r, "] cpu", r, ": ", device::readableBytes(fixed + m * perSample),
+              " at micro-batch ", m);
+      EXPECT_NE(predicted.find(line), std::string::npos) << line << "\n" << predicted;
+    }
   }
 }
 

@@ -16,6 +16,7 @@
 #include "train/datasets.h"
 #include "train/models.h"
 #include "train/specs.h"
+#include "train/zero_plan.h"
 
 namespace hetra::train {
 namespace {
@@ -338,18 +339,36 @@ void checkDeviceMemory(const RunConfig& config) {
 }
 
 std::string predictedMemory(const RunConfig& config) {
-  const MemoryFootprint footprint =
-      estimateFootprint(modelSpecOf(config, datasetGeometry(config.data)));
+  const ModelSpec spec = modelSpecOf(config, datasetGeometry(config.data));
+  const MemoryFootprint footprint = estimateFootprint(spec);
   const int64_t devices = int64_t(config.devices.size());
   const int64_t share = (config.train.globalBatch + devices - 1) / std::max<int64_t>(1, devices);
-  std::string text =
-      str("# Predicted peak device memory at an equal split (the analytic estimate, ",
-          "which errs high; hetra measures the real one, docs/memory.md):\n");
+  // Each device's bytes before activations, and its micro-batch cap: the analytic footprint's
+  // under data parallelism, the shard plan's under ZeRO (as the trainer plans it).
+  std::vector<int64_t> fixed(config.devices.size(), footprint.fixedBytes);
+  std::vector<int64_t> caps;
+  for (const DeviceConfig& d : config.devices)
+    caps.push_back(std::max<int64_t>(1, maxMicroBatch(footprint, d.memoryBytes)));
+  if (config.zero.stage > 0) {
+    device::MemoryScope host(device::MemoryCategory::kHostData);
+    const auto model = makeModel(spec);
+    const ShardedBytes bytes = shardedBytesOf(config, *model);
+    const auto shards = planShards(config, bytes, bytes.psi, footprint.bytesPerSample);
+    const auto shardedCaps = shardedRankCaps(config, bytes, shards, footprint.bytesPerSample);
+    for (size_t i = 0; i < config.devices.size(); ++i) {
+      fixed[i] = bytes.fixedFor(shards[i], offloadOf(config, i));
+      caps[i] = shardedCaps[i].maxMicroBatch;
+    }
+  }
+  std::string text = str(
+      "# Predicted peak device memory at an equal split (the analytic estimate, ",
+      "which errs high; hetra measures the real one, docs/memory.md)",
+      config.zero.stage > 0 ? str(", ZeRO stage ", config.zero.stage, "'s shard plan") : "", ":\n");
   for (size_t i = 0; i < config.devices.size(); ++i) {
     const DeviceConfig& d = config.devices[i];
-    int64_t m = std::min(share, std::max<int64_t>(1, maxMicroBatch(footprint, d.memoryBytes)));
+    int64_t m = std::min(share, caps[i]);
     if (d.maxMicroBatch > 0) m = std::min(m, d.maxMicroBatch);
-    const int64_t peak = footprint.fixedBytes + m * footprint.bytesPerSample;
+    const int64_t peak = fixed[i] + m * footprint.bytesPerSample;
     text += str("#   devices[", i, "] ", d.name, ": ", device::readableBytes(peak),
                 " at micro-batch ", m,
                 d.memoryBytes > 0 ? str(" (cap ", device::readableBytes(d.memoryBytes), ")")
