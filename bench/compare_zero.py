@@ -10,7 +10,7 @@ Three parts (--parts, default all):
            synthetic with Fashion-MNIST's shape (784 features, 10 classes) and a small test set, so the final
            evaluation of a large model stays quick; the model is the one fashion-mnist would train.
   speed    On the demo cluster (--speed-config, its devices, slowdowns and caps): samples/s of DP, Z1, Z2, Z3
-           (zero.shards = "memory"), one after the other in an order that rotates each round, under
+           with and without prefetch (zero.shards = "memory"), one after the other in an order that rotates each round, under
            `flock LOCK`; medians (min-max) over rounds of samples/s and of Z1/DP, Z2/DP, Z3/DP computed within each
            round. Needs a quiet machine.
   fsdp     Tries `from torch.distributed.fsdp import FullyShardedDataParallel` with --torch-python; when it
@@ -40,7 +40,8 @@ FEATURES, CLASSES = 784, 10
 VARIANTS = {"dp": ("DP", ["zero.stage=0"]),
             "even": ("ZeRO-3 even", ["zero.stage=3", 'zero.shards="even"']),
             "memory": ("ZeRO-3 memory", ["zero.stage=3", 'zero.shards="memory"'])}
-SPEED = {"DP": ["zero.stage=0"], "Z1": ["zero.stage=1"], "Z2": ["zero.stage=2"], "Z3": ["zero.stage=3"]}
+SPEED = {"DP": ["zero.stage=0"], "Z1": ["zero.stage=1"], "Z2": ["zero.stage=2"],
+         "Z3": ["zero.stage=3", "zero.prefetch=true"], "Z3 no prefetch": ["zero.stage=3", "zero.prefetch=false"]}
 OUT_OF_MEMORY = ("ran out of device memory", "is out of memory: ", "DeviceOutOfMemoryError",
                  "too small for this model")
 
@@ -191,7 +192,7 @@ def run_speed(a, out):
     warmup = warmup_of(a.speed_steps, 5)
     for rnd in range(a.rounds):
         for key in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
-            stem = os.path.join(out, f"speed-r{rnd}-{key}")
+            stem = os.path.join(out, f"speed-r{rnd}-{key.replace(' ', '-')}")
             sets = SPEED[key] + ['zero.shards="memory"', f"train.steps={a.speed_steps}", "train.eval_every=0",
                                  "train.log_every=0", 'train.lr_schedule="constant"', "train.warmup_steps=0"]
             t0 = time.monotonic()

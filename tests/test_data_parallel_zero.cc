@@ -407,9 +407,9 @@ class RecordingGroup : public comm::Communicator {
   comm::WorkPtr recv(void* buf, size_t count, DType dtype, int src, uint64_t tag) override {
     return inner_->recv(buf, count, dtype, src, tag);
   }
-  const comm::Codec* feedbackCodec(DType dtype, comm::ReduceOp op, size_t count,
+  const comm::Codec* feedbackCodec(comm::OpKind kind, DType dtype, comm::ReduceOp op, size_t count,
                                    const comm::OpPolicy& policy) const override {
-    return inner_->feedbackCodec(dtype, op, count, policy);
+    return inner_->feedbackCodec(kind, dtype, op, count, policy);
   }
   std::string providerFor(comm::OpKind kind, DType dtype, comm::ReduceOp op, size_t count,
                           const comm::OpPolicy& policy) const override {

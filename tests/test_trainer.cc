@@ -207,6 +207,28 @@ TEST(Trainer, MetricsRecordsHaveTheDocumentedFields) {
   fs::remove_all(dir);
 }
 
+// Under ZeRO-3 every rank waits for the slowest at each block's all-gather, so a rank's wall time
+// for a micro-batch is the slowest rank's: the balancer sees only compute, the waits taken out
+// (ZeroParallel::waitedSeconds), and moves samples to the fast device as without sharding.
+TEST(Trainer, BalancerMovesSamplesToTheFastDeviceUnderZeroStage3) {
+  torch::set_num_threads(1);
+  const auto dir = tempDir("zero3-balance");
+  trainAll(
+      tinyConfig({"train.steps=24", "zero.stage=3", "model.hidden=[512, 512]",
+                  "train.global_batch=96", "devices=[{slowdown=1}, {slowdown=3}, {slowdown=3}]"}),
+      dir / "metrics.jsonl");
+  const auto records = stepRecords(dir / "metrics.jsonl");
+  ASSERT_EQ(records.size(), 24u);
+  const auto& ranks = records.back().at("ranks");
+  const int64_t fast = ranks.at(0).at("batch"), slow1 = ranks.at(1).at("batch"),
+                slow2 = ranks.at(2).at("batch");
+  EXPECT_EQ(fast + slow1 + slow2, 96);
+  // Speeds 3:1:1 give 58:19:19; an equal split (what the waits would suggest) is 32 each.
+  EXPECT_GT(fast, 2 * slow1) << "split " << fast << "/" << slow1 << "/" << slow2;
+  EXPECT_GT(fast, 2 * slow2) << "split " << fast << "/" << slow1 << "/" << slow2;
+  fs::remove_all(dir);
+}
+
 TEST(Trainer, ResumedRunEndsWhereAnUninterruptedRunEnds) {
   torch::set_num_threads(1);
   const auto dir = tempDir("resume");
