@@ -48,18 +48,19 @@ void expectSameSeconds(double got, double want, const std::string& what) {
   EXPECT_NEAR(got, want, 1e-12 * std::max(1.0, want)) << what;
 }
 
-// Least max time over every split of `total` samples (b_i >= 0), by enumeration.
+// Least max time over every split of `total` samples (b_i >= 0), by enumeration; `withinCaps`:
+// only the splits with b_i <= cap_i.
 double bruteForce(const std::vector<CostModel>& costs, const std::vector<int64_t>& caps,
-                  int64_t total) {
+                  int64_t total, bool withinCaps = false) {
   std::vector<int64_t> shares(costs.size(), 0);
   double best = std::numeric_limits<double>::infinity();
   std::function<void(size_t, int64_t)> rec = [&](size_t i, int64_t left) {
     if (i + 1 == costs.size()) {
       shares[i] = left;
-      best = std::min(best, maxTime(costs, caps, shares));
+      if (!withinCaps || left <= caps[i]) best = std::min(best, maxTime(costs, caps, shares));
       return;
     }
-    for (int64_t b = 0; b <= left; ++b) {
+    for (int64_t b = 0; b <= (withinCaps ? std::min(left, caps[i]) : left); ++b) {
       shares[i] = b;
       rec(i + 1, left - b);
     }
@@ -106,6 +107,47 @@ TEST(Allocation, MatchesBruteForceOnSmallProblems) {
     ASSERT_EQ(optimalShares(costs, caps, total), shares) << "not deterministic";
   }
   EXPECT_GT(zeroShares, 0) << "the traces should include ranks not worth a sample";
+}
+
+// Without accumulation (ZeRO stages 2 and 3) every share stays within its cap, at the least max
+// time of the splits that do.
+TEST(Allocation, WithoutAccumulationMatchesBruteForceWithinTheCaps) {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<double> overhead(0.0, 2.0), perSample(0.1, 3.0);
+  std::uniform_int_distribution<int64_t> cap(1, 7);
+  int bound = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t n = 2 + size_t(trial % 2);
+    std::vector<CostModel> costs(n);
+    std::vector<int64_t> caps(n);
+    int64_t room = 0;
+    for (size_t i = 0; i < n; ++i) {
+      costs[i] = {trial % 5 == 0 ? 0.0 : overhead(rng), perSample(rng)};
+      if (i == 0) costs[i].perSample /= 10;  // a fast rank, which would take more than its cap
+      room += caps[i] = cap(rng);
+    }
+    const int64_t total = 1 + trial % room;
+    const auto shares = optimalShares(costs, caps, total, false);
+    int64_t sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      sum += shares[i];
+      ASSERT_LE(shares[i], caps[i]) << "trial " << trial << " rank " << i;
+    }
+    ASSERT_EQ(sum, total) << "trial " << trial;
+    expectSameSeconds(maxTime(costs, caps, shares), bruteForce(costs, caps, total, true),
+                      str("trial ", trial));
+    if (bruteForce(costs, caps, total) < bruteForce(costs, caps, total, true)) ++bound;
+  }
+  EXPECT_GT(bound, 0) << "some traces should be ones where accumulating would be faster";
+  EXPECT_THROW(optimalShares({{0, 1}, {0, 1}}, {2, 3}, 6, false), EnforceError);
+}
+
+TEST(Allocation, EqualSharesWithinCapsSpreadsWhatACappedRankCannotTake) {
+  EXPECT_EQ(equalSharesWithinCaps(10, {2, 100, 3}), (std::vector<int64_t>{2, 5, 3}));
+  EXPECT_EQ(equalSharesWithinCaps(11, {4, 4, 4}), (std::vector<int64_t>{4, 4, 3}));
+  EXPECT_EQ(equalSharesWithinCaps(12, {1, 20, 20, 2}), (std::vector<int64_t>{1, 5, 4, 2}));
+  EXPECT_EQ(equalSharesWithinCaps(9, {9, 9, 9}), equalShares(9, 3));
+  EXPECT_THROW(equalSharesWithinCaps(10, {2, 3, 4}), EnforceError);
 }
 
 TEST(Allocation, TieAtTheOptimumStillGivesEveryRankASample) {
@@ -367,6 +409,60 @@ TEST(Balancer, SmallCapOnAFastRankMeansAccumulationNotASmallerShare) {
   EXPECT_GT(p.ranks[0].accumSteps, 1) << p.summary();
   EXPECT_LE(p.ranks[0].microBatch, 16) << p.summary();
   EXPECT_GE(sim.optimumSeconds(caps, total) / sim.trueStepSeconds(p, caps), 0.95) << p.summary();
+}
+
+// With sharesWithinCaps (ZeRO stages 2 and 3) the same fast small rank runs one micro-batch: its
+// share stays at its cap from the first plan on, and the split is the best of those within caps.
+TEST(Balancer, SharesWithinCapsKeepEveryRankToOneMicroBatch) {
+  const int64_t total = 200;
+  const std::vector<int64_t> caps{16, total};
+  Simulation sim({{5e-5, 1e-4}, {0, 4e-4}}, 0.02, 2);
+  BalancerOptions o = options(total);
+  o.sharesWithinCaps = true;
+  Balancer b(o, capsOf({16, kNoCap}));
+  EXPECT_EQ(b.plan().ranks[0].batch, 16) << b.plan().summary();  // not the equal 100
+  EXPECT_EQ(b.plan().ranks[1].batch, 184) << b.plan().summary();
+  for (int64_t step = 0; step < 30; ++step) {
+    sim.step(b, step);
+    for (const auto& r : b.plan().ranks) ASSERT_EQ(r.accumSteps, 1) << b.plan().summary();
+  }
+  std::vector<CostModel> costs{{5e-5, 1e-4}, {0, 4e-4}};
+  const double best = bruteForce(costs, caps, total, true);
+  EXPECT_GE(best / sim.trueStepSeconds(b.plan(), caps), 0.95) << b.plan().summary();
+  EXPECT_TRUE(Balancer::load(b.save()).options().sharesWithinCaps);
+
+  // Once the caps cannot hold the batch the rule is off: the rank accumulates, the split stays.
+  const int64_t before = b.plan().version;
+  EXPECT_TRUE(b.setMaxMicroBatch(1, 150));
+  EXPECT_EQ(b.plan().version, before);
+  EXPECT_EQ(b.plan().ranks[1].accumSteps, 2) << b.plan().summary();
+}
+
+// A measured bound below a rank's share moves the surplus at once, to the ranks with room.
+TEST(Balancer, SharesWithinCapsFollowALowerMeasuredBound) {
+  BalancerOptions o = options(30);
+  o.sharesWithinCaps = true;
+  Balancer b(o, capsOf({20, 20, 20}));
+  EXPECT_EQ(b.plan().ranks[0].batch, 10);
+  EXPECT_TRUE(b.setMaxMicroBatch(0, 4));
+  EXPECT_EQ(b.plan().version, 1);
+  std::vector<int64_t> shares;
+  for (const auto& r : b.plan().ranks) shares.push_back(r.batch);
+  EXPECT_EQ(shares, (std::vector<int64_t>{4, 13, 13})) << b.plan().summary();
+  EXPECT_NE(b.plan().reason.find("below its share"), std::string::npos) << b.plan().reason;
+}
+
+// Caps that cannot hold the batch leave the rule off: ranks accumulate as without it.
+TEST(Balancer, SharesWithinCapsNeedCapsThatHoldTheBatch) {
+  BalancerOptions o = options(30);
+  o.sharesWithinCaps = true;
+  Balancer b(o, capsOf({5, 5, 5}));
+  EXPECT_EQ(b.plan().ranks[0].batch, 10);
+  EXPECT_EQ(b.plan().ranks[0].accumSteps, 2);
+  Balancer c(o, capsOf({5, 20, 20}));
+  EXPECT_EQ(c.plan().ranks[0].batch, 5);
+  EXPECT_EQ(c.plan().ranks[1].batch + c.plan().ranks[2].batch, 25);
+  EXPECT_NE(c.plan().reason.find("within the micro-batch caps"), std::string::npos);
 }
 
 TEST(Balancer, RankNotWorthASampleGetsNone) {

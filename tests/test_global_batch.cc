@@ -322,5 +322,51 @@ TEST(GlobalBatch, HetraRunTrainsTheBatchFromMemory) {
   fs::remove_all(dir);
 }
 
+// Under ZeRO-3 a rank that accumulates holds the whole gradient, which the shard plan does not
+// reserve (docs/zero.md): the balancer keeps every share within its device's micro-batch cap, from
+// the first (equal) plan on, so every rank of every step runs one micro-batch, though an equal
+// split of the batch would give the smallest device more than its cap.
+TEST(GlobalBatch, HetraRunUnderZeroStage3RunsOneMicroBatchPerRank) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("hetra-global-batch-z3-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string train = "steps = 8\nlr = 0.05\nseed = 3\nlog_every = 1\n";
+  const MemoryFootprint footprint = footprintOf(configOf({{0, 1}}, train));
+  const int64_t fixed = footprint.fixedBytes, perSample = footprint.bytesPerSample;
+  const fs::path config = dir / "run.toml";
+  {
+    std::ofstream out(config);
+    out << modelToml(train)
+        << "[balance]\nprofile_steps = 2\n[comm]\ntimeout_s = 60\n[zero]\nstage = 3\n";
+    for (int64_t samples : {400, 90, 130})
+      out << "[[devices]]\nmemory = " << memoryFor(samples, fixed, perSample) << "\n";
+  }
+  const fs::path metrics = dir / "metrics.jsonl";
+  const Result r =
+      run(std::string(HETRA_BINARY) + " run " + config.string() + " --metrics " + metrics.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("out of memory"), std::string::npos) << r.output;
+  std::ifstream in(metrics);
+  int steps = 0;
+  int64_t caps[3] = {0, 0, 0}, total = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "zero_plan")
+      for (size_t i = 0; i < 3; ++i) total += caps[i] = record["ranks"][i]["max_micro_batch"];
+    if (record["event"] != "step") continue;
+    ++steps;
+    ASSERT_GT(total, 0) << "no zero_plan record before the steps";
+    EXPECT_EQ(record["samples"].get<int64_t>(), total) << line;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(record["ranks"][i]["accum"].get<int64_t>(), 1) << line;
+      EXPECT_LE(record["ranks"][i]["batch"].get<int64_t>(), caps[i]) << line;
+    }
+  }
+  EXPECT_EQ(steps, 8);
+  EXPECT_GT((total + 2) / 3, caps[1]) << "an equal split would not fit the small device";
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace hetra::train

@@ -1,6 +1,7 @@
 #include "balance/allocation.h"
 
 #include <algorithm>
+#include <limits>
 #include <queue>
 
 #include "common/errors.h"
@@ -26,15 +27,53 @@ std::vector<int64_t> equalShares(int64_t globalBatch, size_t ranks) {
   return shares;
 }
 
+std::vector<int64_t> equalSharesWithinCaps(int64_t globalBatch, const std::vector<int64_t>& caps) {
+  HETRA_ENFORCE(!caps.empty() && globalBatch >= 0, "ranks ", caps.size(), ", global batch ",
+                globalBatch);
+  int64_t room = 0;
+  for (int64_t c : caps) room += std::min(c, globalBatch);
+  HETRA_ENFORCE_GE(room, globalBatch, "the caps' sum");
+  // Water-filling: the highest level L with sum min(cap_i, L) <= B, then one more sample each to
+  // the lowest ranks with room.
+  auto filled = [&](int64_t level) {
+    int64_t sum = 0;
+    for (int64_t c : caps) sum += std::min(c, level);
+    return sum;
+  };
+  int64_t lo = 0, hi = globalBatch;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (filled(mid) <= globalBatch)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  std::vector<int64_t> shares;
+  int64_t left = globalBatch;
+  for (int64_t c : caps) left -= shares.emplace_back(std::min(c, lo));
+  for (size_t i = 0; i < caps.size() && left > 0; ++i)
+    if (shares[i] < caps[i]) ++shares[i], --left;
+  return shares;
+}
+
 std::vector<int64_t> optimalShares(const std::vector<CostModel>& costs,
-                                   const std::vector<int64_t>& caps, int64_t globalBatch) {
+                                   const std::vector<int64_t>& caps, int64_t globalBatch,
+                                   bool accumulate) {
   const size_t n = costs.size();
   HETRA_ENFORCE_EQ(caps.size(), n, "one cap per rank");
   HETRA_ENFORCE(n > 0 && globalBatch >= 0, "ranks ", n, ", global batch ", globalBatch);
   for (size_t i = 0; i < n; ++i)
     HETRA_ENFORCE(costs[i].known() && caps[i] >= 1, "rank ", i, " has no cost model or cap ",
                   caps[i]);
-  auto time = [&](size_t i, int64_t b) { return predictSeconds(costs[i], b, caps[i]); };
+  int64_t room = 0;
+  for (int64_t c : caps) room += std::min(c, globalBatch);
+  HETRA_ENFORCE(accumulate || room >= globalBatch, "one micro-batch each: caps hold ", room, " of ",
+                globalBatch, " samples");
+  // Without accumulation a share beyond the cap never ends.
+  auto time = [&](size_t i, int64_t b) {
+    return !accumulate && b > caps[i] ? std::numeric_limits<double>::infinity()
+                                      : predictSeconds(costs[i], b, caps[i]);
+  };
   auto fits = [&](size_t i, double level) {
     int64_t lo = 0, hi = globalBatch;  // time(i, lo) <= level always holds for level >= 0
     while (lo < hi) {
@@ -52,9 +91,15 @@ std::vector<int64_t> optimalShares(const std::vector<CostModel>& costs,
     return sum;
   };
 
-  // Highest level that does not over-fill; the fastest rank alone fits everything at `hi`.
+  // Highest level that does not over-fill; the fastest rank alone fits everything at `hi` (without
+  // accumulation: every rank fits its cap at the slowest of those times).
   double lo = 0.0, hi = time(0, globalBatch);
   for (size_t i = 1; i < n; ++i) hi = std::min(hi, time(i, globalBatch));
+  if (!accumulate) {
+    double full = 0.0;
+    for (size_t i = 0; i < n; ++i) full = std::max(full, time(i, std::min(caps[i], globalBatch)));
+    hi = std::min(hi, full);
+  }
   for (int iter = 0; iter < 200; ++iter) {
     const double mid = lo + 0.5 * (hi - lo);
     if (!(mid > lo && mid < hi)) break;

@@ -31,12 +31,19 @@ int64_t microBatchSize(int64_t batch, int64_t cap);
 double predictSeconds(const CostModel& cost, int64_t batch, int64_t cap);
 
 // Minimises max_i T_i(b_i) subject to sum b_i = globalBatch. A rank gets 0 samples only when even
-// one sample would make it the slowest, beyond the optimum. Every cost must be known().
+// one sample would make it the slowest, beyond the optimum. Every cost must be known(). With
+// `accumulate` false every b_i is also at most cap_i (one micro-batch each), which needs
+// sum cap_i >= globalBatch.
 std::vector<int64_t> optimalShares(const std::vector<CostModel>& costs,
-                                   const std::vector<int64_t>& caps, int64_t globalBatch);
+                                   const std::vector<int64_t>& caps, int64_t globalBatch,
+                                   bool accumulate = true);
 
 // globalBatch / ranks each, the remainder one each to the lowest ranks (as DDP with an even
 // sampler).
 std::vector<int64_t> equalShares(int64_t globalBatch, size_t ranks);
+
+// The most even split with every b_i <= cap_i (needs sum cap_i >= globalBatch): equal shares,
+// what a capped rank cannot take spread evenly over the others, remainders to the lowest ranks.
+std::vector<int64_t> equalSharesWithinCaps(int64_t globalBatch, const std::vector<int64_t>& caps);
 
 }  // namespace hetra::balance

@@ -178,9 +178,27 @@ Balancer::Balancer(BalancerOptions options, std::vector<RankCaps> caps)
     : options_(options), models_(caps.size()), pending_(caps.size()) {
   validate(options_, caps);
   for (const auto& c : caps) caps_.push_back(std::min(c.maxMicroBatch, options_.globalBatch));
-  plan_ = makePlan(equalShares(options_.globalBatch, caps_.size()));
+  plan_ = makePlan(firstShares());
   plan_.reason = options_.mode == Mode::Equal ? "equal split (mode equal)"
                                               : "initial: equal split, nothing measured yet";
+  if (withinCaps() && firstShares() != equalShares(options_.globalBatch, caps_.size()))
+    plan_.reason += ", within the micro-batch caps";
+}
+
+bool Balancer::withinCaps() const {
+  if (!options_.sharesWithinCaps) return false;
+  int64_t room = 0;
+  for (int64_t c : caps_) room += c;  // each at most the global batch: no overflow
+  return room >= options_.globalBatch;
+}
+
+std::vector<int64_t> Balancer::firstShares() const {
+  return withinCaps() ? equalSharesWithinCaps(options_.globalBatch, caps_)
+                      : equalShares(options_.globalBatch, caps_.size());
+}
+
+std::vector<int64_t> Balancer::bestShares(const std::vector<CostModel>& costs) const {
+  return optimalShares(costs, caps_, options_.globalBatch, !withinCaps());
 }
 
 bool Balancer::setMaxMicroBatch(int rank, int64_t maxMicroBatch) {
@@ -190,6 +208,11 @@ bool Balancer::setMaxMicroBatch(int rank, int64_t maxMicroBatch) {
   if (caps_[size_t(rank)] == cap) return false;
   caps_[size_t(rank)] = cap;
   refreshPlan();
+  if (withinCaps() && plan_.ranks[size_t(rank)].batch > cap) {
+    // The share no longer fits one micro-batch: the split changes now, not at a decision.
+    adopt(modelsKnown() ? bestShares(costs()) : firstShares(), lastStep_,
+          str("rank ", rank, "'s micro-batch cap fell to ", cap, ", below its share"));
+  }
   HETRA_INFO(kSubsys, "rank ", rank, ": micro-batches of at most ", cap,
              " samples (measured memory)");
   return true;
@@ -225,7 +248,7 @@ std::vector<CostModel> Balancer::costs() const {
 
 double Balancer::idealSamplesPerSecond() const {
   if (!modelsKnown()) return 0.0;
-  const Plan best = makePlan(optimalShares(costs(), caps_, options_.globalBatch));
+  const Plan best = makePlan(bestShares(costs()));
   return best.predictedStepSeconds > 0.0 ? double(options_.globalBatch) / best.predictedStepSeconds
                                          : 0.0;
 }
@@ -330,7 +353,7 @@ Balancer::Decision Balancer::decide(int64_t step) {
   std::vector<int64_t> planShares;
   for (const auto& r : plan_.ranks) planShares.push_back(r.batch);
   const std::vector<CostModel> fitted = costs();
-  const std::vector<int64_t> candidate = optimalShares(fitted, caps_, options_.globalBatch);
+  const std::vector<int64_t> candidate = bestShares(fitted);
   const double current = plan_.predictedStepSeconds;
   lastGain_ = current > 0.0 ? 1.0 - stepSeconds(fitted, caps_, candidate) / current : 0.0;
   lastSureGain_ = 0.0;
@@ -391,7 +414,8 @@ std::string Balancer::save() const {
                   {"rebalance_threshold", options_.rebalanceThreshold},
                   {"min_steps_between_changes", options_.minStepsBetweenChanges},
                   {"persist_steps", options_.persistSteps},
-                  {"profile_steps", options_.profileSteps}};
+                  {"profile_steps", options_.profileSteps},
+                  {"shares_within_caps", options_.sharesWithinCaps}};
   j["caps"] = caps_;
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : plan_.ranks)
@@ -429,6 +453,7 @@ Balancer Balancer::load(const std::string& state) {
     options.minStepsBetweenChanges = o.at("min_steps_between_changes").get<int>();
     options.persistSteps = o.at("persist_steps").get<int>();
     options.profileSteps = o.at("profile_steps").get<int>();
+    options.sharesWithinCaps = o.value("shares_within_caps", false);  // absent before 2026-12-03
     std::vector<RankCaps> caps;
     for (const auto& c : j.at("caps")) caps.push_back({c.get<int64_t>()});
     Balancer b(options, caps);

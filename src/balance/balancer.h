@@ -86,6 +86,10 @@ struct BalancerOptions {
   int minStepsBetweenChanges = 3;
   int persistSteps = 2;  // steps in a row the gain must exceed the threshold (dynamic mode)
   int profileSteps = 5;  // steps measured on the equal split before the first decision
+  // Keep every share within its rank's micro-batch cap, one micro-batch each, whenever the caps
+  // hold the global batch: for ZeRO stages 2 and 3, where a rank that accumulates holds the whole
+  // gradient, which its cap need not hold (docs/zero.md). Where they do not, ranks accumulate.
+  bool sharesWithinCaps = false;
 
   // Defaults overridden by HETRA_BALANCE_MODE, _THRESHOLD, _MIN_STEPS, _PERSIST_STEPS,
   // _PROFILE_STEPS.
@@ -166,6 +170,10 @@ class Balancer {
 
  private:
   bool modelsKnown() const;
+  // Whether shares stay within the caps now (the option, and the caps hold the batch).
+  bool withinCaps() const;
+  std::vector<int64_t> firstShares() const;
+  std::vector<int64_t> bestShares(const std::vector<CostModel>& costs) const;
   std::vector<CostModel> costs() const;
   Plan makePlan(const std::vector<int64_t>& shares) const;
   // The current split planned again with the current caps and models: its micro-batches and

@@ -480,9 +480,16 @@ RunCheckpoints::Resumed RunCheckpoints::start(const std::string& resumePath) {
   // caps, train/global_batch.h): the saved split does not cover this run's batch.
   const int64_t savedBatch = saved.options().globalBatch;
   const int64_t batch = parts_.balancer.options().globalBatch;
+  const bool sameRule =
+      saved.options().sharesWithinCaps == parts_.balancer.options().sharesWithinCaps;
   if (sameDevices) {
-    if (savedBatch == batch)
+    if (savedBatch == batch && sameRule)
       parts_.balancer = std::move(saved);
+    else if (savedBatch == batch && comm_.rank() == 0)
+      HETRA_INFO("train", "checkpoint ", dir.string(),
+                 " was written under a ZeRO stage that splits the batch by another rule (shares "
+                 "within the micro-batch caps or not): the balancer re-profiles from an equal "
+                 "split");
     else if (comm_.rank() == 0)
       HETRA_WARN("train", "checkpoint ", dir.string(), " was written with a global batch of ",
                  savedBatch, ", this run's is ", batch,

@@ -54,6 +54,8 @@ balance::BalancerOptions balancerOptionsOf(const RunConfig& config) {
   o.minStepsBetweenChanges = int(config.balance.minStepsBetween);
   o.persistSteps = int(config.balance.persistSteps);
   o.profileSteps = int(config.balance.profileSteps);
+  // ZeRO-2/3 ranks that accumulate hold the whole gradient, which the shard plan does not reserve.
+  o.sharesWithinCaps = config.zero.stage >= 2;
   return o;
 }
 
