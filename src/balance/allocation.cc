@@ -27,12 +27,16 @@ std::vector<int64_t> equalShares(int64_t globalBatch, size_t ranks) {
   return shares;
 }
 
+bool capsHoldBatch(const std::vector<int64_t>& caps, int64_t globalBatch) {
+  int64_t room = 0;
+  for (int64_t c : caps) room += std::min(c, globalBatch);  // no overflow
+  return room >= globalBatch;
+}
+
 std::vector<int64_t> equalSharesWithinCaps(int64_t globalBatch, const std::vector<int64_t>& caps) {
   HETRA_ENFORCE(!caps.empty() && globalBatch >= 0, "ranks ", caps.size(), ", global batch ",
                 globalBatch);
-  int64_t room = 0;
-  for (int64_t c : caps) room += std::min(c, globalBatch);
-  HETRA_ENFORCE_GE(room, globalBatch, "the caps' sum");
+  HETRA_ENFORCE(capsHoldBatch(caps, globalBatch), "caps cannot hold ", globalBatch, " samples");
   // Water-filling: the highest level L with sum min(cap_i, L) <= B, then one more sample each to
   // the lowest ranks with room.
   auto filled = [&](int64_t level) {
@@ -65,10 +69,8 @@ std::vector<int64_t> optimalShares(const std::vector<CostModel>& costs,
   for (size_t i = 0; i < n; ++i)
     HETRA_ENFORCE(costs[i].known() && caps[i] >= 1, "rank ", i, " has no cost model or cap ",
                   caps[i]);
-  int64_t room = 0;
-  for (int64_t c : caps) room += std::min(c, globalBatch);
-  HETRA_ENFORCE(accumulate || room >= globalBatch, "one micro-batch each: caps hold ", room, " of ",
-                globalBatch, " samples");
+  HETRA_ENFORCE(accumulate || capsHoldBatch(caps, globalBatch),
+                "one micro-batch each: the caps cannot hold ", globalBatch, " samples");
   // Without accumulation a share beyond the cap never ends.
   auto time = [&](size_t i, int64_t b) {
     return !accumulate && b > caps[i] ? std::numeric_limits<double>::infinity()

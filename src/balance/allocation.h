@@ -42,6 +42,9 @@ std::vector<int64_t> optimalShares(const std::vector<CostModel>& costs,
 // sampler).
 std::vector<int64_t> equalShares(int64_t globalBatch, size_t ranks);
 
+// Whether one micro-batch each can hold the batch: sum min(cap_i, globalBatch) >= globalBatch.
+bool capsHoldBatch(const std::vector<int64_t>& caps, int64_t globalBatch);
+
 // The most even split with every b_i <= cap_i (needs sum cap_i >= globalBatch): equal shares,
 // what a capped rank cannot take spread evenly over the others, remainders to the lowest ranks.
 std::vector<int64_t> equalSharesWithinCaps(int64_t globalBatch, const std::vector<int64_t>& caps);

@@ -186,10 +186,7 @@ Balancer::Balancer(BalancerOptions options, std::vector<RankCaps> caps)
 }
 
 bool Balancer::withinCaps() const {
-  if (!options_.sharesWithinCaps) return false;
-  int64_t room = 0;
-  for (int64_t c : caps_) room += c;  // each at most the global batch: no overflow
-  return room >= options_.globalBatch;
+  return options_.sharesWithinCaps && capsHoldBatch(caps_, options_.globalBatch);
 }
 
 std::vector<int64_t> Balancer::firstShares() const {
