@@ -204,7 +204,7 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
         residuals_[k] = torch::zeros({params_[k].numel()}, torch::kFloat32);
   }
   reduced_.assign(params_.size(), false);
-  if (stage_ == 2)
+  if (stage_ < 3)
     for (size_t k = 0; k < params_.size(); ++k) {
       accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[k]));
       HETRA_ENFORCE(accumulators_.back() != nullptr, "parameter ", k, " has no accumulator");
@@ -257,6 +257,13 @@ void ZeroParallel::release(size_t block) {
 }
 
 void ZeroParallel::settlePending() noexcept {
+  for (auto& work : reducing_) {
+    try {
+      if (work) work->wait(deadlineAfter(Millis(60000)));
+    } catch (const std::exception&) {  // the group's latched error: reported where it arose
+    }
+  }
+  reducing_.clear();  // they write into flatGradient_, which lives as long as this object
   for (size_t b = 0; b < pending_.size(); ++b) {
     if (!pending_[b]) continue;
     try {
@@ -271,7 +278,7 @@ void ZeroParallel::settlePending() noexcept {
     if (!pending_[b]) resizeStorage(blockBuffer_[b], 0);
 }
 
-void ZeroParallel::reduceIntoShard(size_t k, const torch::Tensor& gradient) {
+comm::WorkPtr ZeroParallel::issueReduce(size_t k, const torch::Tensor& gradient) {
   HETRA_ENFORCE(gradient.is_contiguous() && gradient.numel() == params_[k].numel(),
                 "gradient of parameter ", k);
   const FlatRange t = layout_.tensor(k);
@@ -279,14 +286,28 @@ void ZeroParallel::reduceIntoShard(size_t k, const torch::Tensor& gradient) {
                            : floats(shardGradient_, offsetInShard(t));
   comm::OpPolicy policy = gradientPolicy_;
   if (residuals_[k].defined()) policy.residual = residuals_[k].data_ptr<float>();
+  reduced_[k] = true;
+  return comm_->reduceScatter(gradient.data_ptr<float>(), out, layout_.countsOf(t), DType::F32,
+                              comm::ReduceOp::Sum, policy);
+}
+
+void ZeroParallel::reduceIntoShard(size_t k, const torch::Tensor& gradient) {
+  comm::WorkPtr work = issueReduce(k, gradient);
   device::ComputePause waiting;
   const auto start = Clock::now();
-  comm_
-      ->reduceScatter(gradient.data_ptr<float>(), out, layout_.countsOf(t), DType::F32,
-                      comm::ReduceOp::Sum, policy)
-      ->wait();
+  work->wait();
   waited_ += secondsSince(start);
-  reduced_[k] = true;
+}
+
+void ZeroParallel::awaitReduces() {
+  device::ComputePause waiting;
+  const auto start = Clock::now();
+  for (auto& work : reducing_) {
+    work->wait();  // on failure the rest stay in flight: settlePending waits for them
+    work.reset();
+  }
+  reducing_.clear();
+  waited_ += secondsSince(start);
 }
 
 void ZeroParallel::onReady(size_t k) {
@@ -294,6 +315,13 @@ void ZeroParallel::onReady(size_t k) {
   const size_t n = params_.size();
   while (nextLaunch_ < n && ready_[n - 1 - nextLaunch_]) {
     const size_t next = n - 1 - nextLaunch_++;
+    if (stage_ == 1) {
+      // .grad is a view of flatGradient_ autograd is done with: the reduce-scatter runs
+      // while backward computes the tensors before it; finish() waits.
+      reducing_.push_back(issueReduce(
+          next, flatGradient_.narrow(0, layout_.tensor(next).begin, params_[next].numel())));
+      continue;
+    }
     auto& grad = params_[next].mutable_grad();
     if (!grad.defined()) grad = torch::zeros_like(params_[next]);
     if (!grad.is_contiguous()) grad = grad.contiguous();
@@ -354,12 +382,10 @@ double ZeroParallel::finish() {
   torch::NoGradGuard noGrad;
   const bool hadSamples = armed_;
   if (!armed_) armLastBackward();
-  if (stage_ == 1) {
-    for (size_t k = params_.size(); k-- > 0;)
-      reduceIntoShard(k, flatGradient_.narrow(0, layout_.tensor(k).begin, params_[k].numel()));
-  } else if (stage_ == 2) {
+  if (stage_ < 3) {
     for (size_t k = params_.size(); k-- > 0;)
       if (!ready_[k]) onReady(k);  // unused, or no samples: what accumulated, or zeros
+    awaitReduces();
   } else if (!hadSamples) {
     idleRound(true);
   }

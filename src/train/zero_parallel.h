@@ -2,10 +2,11 @@
 // (train/zero_layout.h), the sharded counterpart of DataParallel (docs/zero.md).
 //
 //   stage 1  every rank keeps all parameters and a flat gradient buffer that the parameters'
-//            .grad are views of; after the step's backward each tensor's gradient is
-//            reduce-scattered in place, each rank updates its own shard with the one-pass
-//            optimizer loops (train/fused_optim.h), keeping optimizer state for its shard only,
-//            and the parameters are all-gathered in place.
+//            .grad are views of; in the step's last backward each tensor's gradient is
+//            reduce-scattered in place, asynchronously, as soon as autograd has accumulated it
+//            and those after it in flat order (finish() waits), each rank updates its own shard
+//            with the one-pass optimizer loops (train/fused_optim.h), keeping optimizer state for
+//            its shard only, and the parameters are all-gathered in place.
 //   stage 2  the same, but a rank keeps gradients for its shard only: in the step's last
 //            backward each tensor's gradient is reduce-scattered into the shard as soon as
 //            autograd has accumulated it, and freed.
@@ -20,8 +21,8 @@
 // same collectives in the same order, and no rank contributes a gradient twice:
 //   - gradients stay whole, in .grad, through micro-batches 1..k-1 (memory: the full gradient,
 //     4 bytes per parameter, on a rank that accumulates); only the step's last backward
-//     reduce-scatters them, one tensor at a time in a fixed order (stage 1: after backward;
-//     stage 2: reverse flat order, each as soon as it and those before it are ready; stage 3:
+//     reduce-scatters them, one tensor at a time in a fixed order (stages 1 and 2: reverse flat
+//     order, each as soon as it and those after it are ready; stage 3:
 //     block by block, in backward's order). A rank without samples contributes zeros in finish().
 //   - stage 3's gathers happen in every micro-batch: a rank with k micro-batches first runs
 //     most - max(k, 1) *idle rounds* (each block gathered and freed as a forward and a backward
@@ -169,8 +170,13 @@ class ZeroParallel : private BlockHooks {
   // passes (no block is computing).
   void settlePending() noexcept;
   void idleRound(bool last);
-  // Reduce-scatters `gradient` (tensor k's whole gradient, contiguous) into the shard's part of k.
+  // Issues the reduce-scatter of `gradient` (tensor k's whole gradient, contiguous) into the
+  // shard's part of k; `gradient` must live until it completes.
+  comm::WorkPtr issueReduce(size_t k, const torch::Tensor& gradient);
+  // issueReduce, waited for.
   void reduceIntoShard(size_t k, const torch::Tensor& gradient);
+  // Stage 1: waits for the reduce-scatters issued during backward (reducing_).
+  void awaitReduces();
   void onReady(size_t k);
   torch::Tensor shardParameters() const;
   torch::Tensor shardGradients() const;
@@ -201,12 +207,15 @@ class ZeroParallel : private BlockHooks {
   int64_t steps_ = 0;
   comm::OpPolicy gradientPolicy_;
   std::vector<torch::Tensor> residuals_;  // per tensor; undefined where there is no feedback
-  // Stage 2: accumulator hooks, as DataParallel's.
+  // Stages 1 and 2: accumulator hooks, as DataParallel's.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hookKeys_;
   std::vector<bool> reduced_;  // tensor k's gradient is in the shard this step
-  std::vector<bool> ready_;    // stage 2: autograd has accumulated tensor k's gradient
-  size_t nextLaunch_ = 0;      // stage 2: reverse flat order
+  std::vector<bool> ready_;    // stages 1, 2: autograd has accumulated tensor k's gradient
+  size_t nextLaunch_ = 0;      // stages 1, 2: reverse flat order
+  // Stage 1: the last backward's reduce-scatters, issued in flat reverse order, in flight until
+  // finish() (stage 2 waits for each before it frees the tensor's gradient).
+  std::vector<comm::WorkPtr> reducing_;
   bool armed_ = false;
   double waited_ = 0;
 };
