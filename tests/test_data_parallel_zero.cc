@@ -549,6 +549,31 @@ TEST(ZeroParallel, RefusesWhatItCannotShard) {
       ConfigError);
 }
 
+// Stages 1 and 2 reduce a tensor's gradient as soon as autograd has accumulated it in the last
+// backward: a second backward after armLastBackward() would add into a gradient already reduced
+// (stage 1: while its reduce-scatter may still be reading it), so it is refused, not lost.
+TEST(ZeroParallel, ASecondBackwardAfterArmingIsRefused) {
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE(stage);
+    auto store = std::make_shared<store::MemoryStore>();
+    auto comm = comm::Communicator::create(store, 0, 1, comm::GroupOptions{});
+    auto model = makeModel(smallMlp());
+    ZeroParallel zero(model, comm, zeroOptions(stage, {}, optimizerNamed("sgd")));
+    const auto input = torch::linspace(-1, 1, 4 * 13).view({4, 13});
+    zero.beginStep(1, 1);
+    zero.armLastBackward();
+    model->forward(input).sum().backward();
+    try {
+      model->forward(input).sum().backward();
+      ADD_FAILURE() << "a second backward was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("accumulated again after its reduce-scatter"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // ---- Rank processes: accounted memory
 // ------------------------------------------------------------
 

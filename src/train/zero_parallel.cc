@@ -263,7 +263,8 @@ void ZeroParallel::settlePending() noexcept {
     } catch (const std::exception&) {  // the group's latched error: reported where it arose
     }
   }
-  reducing_.clear();  // they write into flatGradient_, which lives as long as this object
+  // As for the gathers below: one that outlived even that deadline stays.
+  std::erase_if(reducing_, [](const comm::WorkPtr& w) { return !w || w->isCompleted(); });
   for (size_t b = 0; b < pending_.size(); ++b) {
     if (!pending_[b]) continue;
     try {
@@ -292,9 +293,9 @@ comm::WorkPtr ZeroParallel::issueReduce(size_t k, const torch::Tensor& gradient)
 }
 
 void ZeroParallel::reduceIntoShard(size_t k, const torch::Tensor& gradient) {
-  comm::WorkPtr work = issueReduce(k, gradient);
   device::ComputePause waiting;
   const auto start = Clock::now();
+  comm::WorkPtr work = issueReduce(k, gradient);
   work->wait();
   waited_ += secondsSince(start);
 }
@@ -311,6 +312,10 @@ void ZeroParallel::awaitReduces() {
 }
 
 void ZeroParallel::onReady(size_t k) {
+  // A second accumulation would land in a gradient already reduced (or in flight): lost.
+  HETRA_ENFORCE(!ready_[k], "the gradient of parameter ", k,
+                " was accumulated again after its reduce-scatter was issued: one backward after "
+                "armLastBackward()");
   ready_[k] = true;  // reduced below, in reverse flat order
   const size_t n = params_.size();
   while (nextLaunch_ < n && ready_[n - 1 - nextLaunch_]) {

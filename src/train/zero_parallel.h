@@ -165,13 +165,13 @@ class ZeroParallel : private BlockHooks {
   void issueGather(size_t block);
   void awaitGather(size_t block);
   void release(size_t block);
-  // Waits for every gather still in flight (an exception left a pass), ignoring their errors,
-  // then frees every block's buffer: nothing writes into a buffer after it is gone. Only between
-  // passes (no block is computing).
+  // Waits for every gather and reduce-scatter still in flight (an exception left a pass),
+  // ignoring their errors, then frees every block's buffer: nothing writes into a buffer after it
+  // is gone. Only between passes (no block is computing).
   void settlePending() noexcept;
   void idleRound(bool last);
   // Issues the reduce-scatter of `gradient` (tensor k's whole gradient, contiguous) into the
-  // shard's part of k; `gradient` must live until it completes.
+  // shard's part of k; `gradient`'s storage must live until it completes.
   comm::WorkPtr issueReduce(size_t k, const torch::Tensor& gradient);
   // issueReduce, waited for.
   void reduceIntoShard(size_t k, const torch::Tensor& gradient);
