@@ -27,10 +27,20 @@ std::vector<int64_t> equalShares(int64_t globalBatch, size_t ranks) {
   return shares;
 }
 
+namespace {
+
+// sum min(cap_i, level): what the ranks hold when each takes up to `level` samples (level is at
+// most the global batch: no overflow).
+int64_t filledTo(const std::vector<int64_t>& caps, int64_t level) {
+  int64_t sum = 0;
+  for (int64_t c : caps) sum += std::min(c, level);
+  return sum;
+}
+
+}  // namespace
+
 bool capsHoldBatch(const std::vector<int64_t>& caps, int64_t globalBatch) {
-  int64_t room = 0;
-  for (int64_t c : caps) room += std::min(c, globalBatch);  // no overflow
-  return room >= globalBatch;
+  return filledTo(caps, globalBatch) >= globalBatch;
 }
 
 std::vector<int64_t> equalSharesWithinCaps(int64_t globalBatch, const std::vector<int64_t>& caps) {
@@ -39,15 +49,10 @@ std::vector<int64_t> equalSharesWithinCaps(int64_t globalBatch, const std::vecto
   HETRA_ENFORCE(capsHoldBatch(caps, globalBatch), "caps cannot hold ", globalBatch, " samples");
   // Water-filling: the highest level L with sum min(cap_i, L) <= B, then one more sample each to
   // the lowest ranks with room.
-  auto filled = [&](int64_t level) {
-    int64_t sum = 0;
-    for (int64_t c : caps) sum += std::min(c, level);
-    return sum;
-  };
   int64_t lo = 0, hi = globalBatch;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (filled(mid) <= globalBatch)
+    if (filledTo(caps, mid) <= globalBatch)
       lo = mid;
     else
       hi = mid - 1;

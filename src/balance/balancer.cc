@@ -178,10 +178,11 @@ Balancer::Balancer(BalancerOptions options, std::vector<RankCaps> caps)
     : options_(options), models_(caps.size()), pending_(caps.size()) {
   validate(options_, caps);
   for (const auto& c : caps) caps_.push_back(std::min(c.maxMicroBatch, options_.globalBatch));
-  plan_ = makePlan(firstShares());
+  const std::vector<int64_t> first = firstShares();
+  plan_ = makePlan(first);
   plan_.reason = options_.mode == Mode::Equal ? "equal split (mode equal)"
                                               : "initial: equal split, nothing measured yet";
-  if (withinCaps() && firstShares() != equalShares(options_.globalBatch, caps_.size()))
+  if (first != equalShares(options_.globalBatch, caps_.size()))
     plan_.reason += ", within the micro-batch caps";
 }
 
