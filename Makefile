@@ -7,6 +7,16 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 HETRA := $(BUILD)/tools/hetra/hetra
 
+# ccache where it is installed: every build below is configured anew in a fresh clone (CI's), and
+# six of them cold take most of make test on two cores. The base dir is this clone's root, so a
+# second clone of the same sources reuses the objects; hash_dir off for the same reason (-g builds).
+ifneq ($(shell command -v ccache),)
+LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+  -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+endif
+
 .PHONY: all deps build test test-python test-asan test-tsan test-fuzz test-mpi build-cuda demo bench image format clean
 
 all: build
@@ -15,7 +25,7 @@ deps:
 	@scripts/install-deps.sh build
 
 build: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja $(LAUNCHER) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Every test; the Python package's; then the communication, store, authentication, rank-environment,
@@ -55,21 +65,21 @@ label-regex = ^($(subst $(space),|,$(strip $(1))))$$
 # config tests.
 ASAN_LABELS := comm store launch train tools config
 test-asan: deps
-	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=ON -DHETRA_SANITIZE=address >/dev/null
+	@cmake -S . -B $(ASAN_BUILD) -G Ninja $(LAUNCHER) -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=ON -DHETRA_SANITIZE=address >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target $(call label-targets,$(ASAN_LABELS))
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(call label-regex,$(ASAN_LABELS))" --output-junit $(JUNIT)
 
 # The thread sanitizer build leaves LibTorch out: it checks our communication code, not LibTorch's.
 TSAN_LABELS := comm
 test-tsan: deps
-	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=thread >/dev/null
+	@cmake -S . -B $(TSAN_BUILD) -G Ninja $(LAUNCHER) -DCMAKE_BUILD_TYPE=Debug -DHETRA_WITH_TORCH=OFF -DHETRA_SANITIZE=thread >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(call label-targets,$(TSAN_LABELS))
 	TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) --timeout 600 -L "$(call label-regex,$(TSAN_LABELS))" --output-junit $(JUNIT)
 
 # The MPI transport (HETRA_WITH_MPI, Open MPI) under mpirun with 3 and 4 ranks.
 MPI_BUILD ?= build-mpi
 test-mpi: deps
-	@cmake -S . -B $(MPI_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_MPI=ON >/dev/null
+	@cmake -S . -B $(MPI_BUILD) -G Ninja $(LAUNCHER) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_MPI=ON >/dev/null
 	@cmake --build $(MPI_BUILD) -j $(JOBS) --target $(call label-targets,mpi)
 	ctest --test-dir $(MPI_BUILD) --output-on-failure --timeout 300 -L "$(call label-regex,mpi)" --output-junit $(JUNIT)
 
@@ -79,7 +89,7 @@ CUDA_BUILD ?= build-cuda
 NVCC ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 build-cuda: deps
 	@if [ -z "$(NVCC)" ]; then echo "build-cuda: skipped, no CUDA toolkit (nvcc) on this machine"; else \
-	  cmake -S . -B $(CUDA_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
+	  cmake -S . -B $(CUDA_BUILD) -G Ninja $(LAUNCHER) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
 	  cmake --build $(CUDA_BUILD) -j $(JOBS) --target hetra_cuda test_cuda hetra-gpu-check && \
 	  if nvidia-smi -L >/dev/null 2>&1; then \
 	    ctest --test-dir $(CUDA_BUILD) --output-on-failure -L gpu --output-junit $(JUNIT); \
@@ -89,7 +99,7 @@ build-cuda: deps
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 8
 test-fuzz: deps
-	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_BUILD_TESTS=OFF -DHETRA_FUZZ=ON >/dev/null
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja $(LAUNCHER) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_BUILD_TESTS=OFF -DHETRA_FUZZ=ON >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
 	fuzz/run-smoke.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
