@@ -10,11 +10,14 @@ HETRA := $(BUILD)/tools/hetra/hetra
 # ccache where it is installed: every build below is configured anew in a fresh clone (CI's), and
 # six of them cold take most of make test on two cores. The base dir is this clone's root, so a
 # second clone of the same sources reuses the objects; hash_dir off for the same reason (-g builds).
+# The training layer's precompiled header (torch/torch.h) is cacheable only with pch_defines and
+# time_macros sloppiness.
 ifneq ($(shell command -v ccache),)
 LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
+export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 endif
 
 .PHONY: all deps build test test-python test-asan test-tsan test-fuzz test-mpi build-cuda demo bench image format clean
