@@ -168,6 +168,27 @@ TEST(ComputeScope, APauseIsLeftOutOfTheSegment) {
   EXPECT_NEAR(sleep.requests[0], 0.006, 1e-12);
 }
 
+// What the emulated device computed: the segment's wall time without its pause, and the sleep it
+// actually got (here 1 ms late).
+TEST(ComputeScope, ComputingSecondsAreTheWallTimeLessPausesPlusTheSleep) {
+  ManualClocks time;
+  const ComputeClocks clocks = time.clocks();
+  LateSleep sleep;
+  sleep.late = 0.001;
+  SlowdownEmulator emulator(sleep.fn());
+  ComputeScope segment(emulator, 3.0, clocks);
+  EXPECT_EQ(segment.computingSeconds(), 0.0);
+  time.wall += 0.002;
+  time.work += 0.002;
+  {
+    ComputePause waiting;
+    time.wall += 0.010;
+    time.work += 0.004;
+  }
+  EXPECT_NEAR(segment.end(), 0.005, 1e-12);  // 2 x 2 ms, less 0 debt, + 1 ms late
+  EXPECT_NEAR(segment.computingSeconds(), 0.002 + 0.005, 1e-12);
+}
+
 // A pause outside any segment changes nothing, nor does one in a segment that has ended; the next
 // segment starts with nothing paused.
 TEST(ComputeScope, APauseOutsideASegmentChangesNothing) {

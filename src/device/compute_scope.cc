@@ -58,7 +58,9 @@ double ComputeScope::end() {
   sleep.arg("slowdown", slowdown_);
   const double wall = clocks_.wall() - wallStart_ - pausedWall_;
   const double work = clocks_.work() - workStart_ - pausedWork_;
-  return emulator_.endPhase(slowdown_, std::max(wall, 0.0), std::max(work, 0.0));
+  const double slept = emulator_.endPhase(slowdown_, std::max(wall, 0.0), std::max(work, 0.0));
+  computing_ = std::max(wall, 0.0) + slept;
+  return slept;
 }
 
 ComputePause::ComputePause() : segment_(tOpenSegment) {

@@ -40,6 +40,9 @@ class ComputeScope {
 
   // Ends the segment now and returns the seconds slept; the destructor then does nothing.
   double end();
+  // After end(): the seconds the emulated device computed, its wall time less its pauses plus
+  // the emulation's sleep (0 before).
+  double computingSeconds() const { return computing_; }
 
  private:
   friend class ComputePause;
@@ -48,6 +51,7 @@ class ComputeScope {
   const ComputeClocks& clocks_;
   double wallStart_, workStart_;
   double pausedWall_ = 0, pausedWork_ = 0;
+  double computing_ = 0;
   ComputeScope* enclosing_;  // the scope open on this thread before this one
   int uncaught_;
   bool ended_ = false;
