@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -199,11 +200,15 @@ std::vector<torch::Tensor> dataParallelRun(const std::vector<StepData>& steps,
 // Each rank's engine options beyond stage, shards and optimizer.
 using AdjustOptions = std::function<void(ZeroOptions&, int rank)>;
 
+// Called on every rank after step s (0-based) of a run.
+using AfterStep = std::function<void(ZeroParallel&, int s, int rank)>;
+
 // Every rank's parameters after kSteps under ZeRO `stage` with kShards.
 std::vector<std::vector<torch::Tensor>> zeroRun(int stage, const std::vector<StepData>& steps,
                                                 const OptimSpec& optim, double clip,
                                                 const AdjustOptions& adjust = {},
-                                                const std::string& algorithm = "shared") {
+                                                const std::string& algorithm = "shared",
+                                                const AfterStep& afterStep = {}) {
   std::vector<std::vector<torch::Tensor>> result(kRanks);
   auto store = std::make_shared<store::MemoryStore>();
   test::runRanks(kRanks, [&](int rank) {
@@ -226,6 +231,7 @@ std::vector<std::vector<torch::Tensor>> zeroRun(int stage, const std::vector<Ste
       runMicroBatches(*model, steps[size_t(s)], split, rank, [&] { zero.armLastBackward(); });
       zero.finish();
       zero.step(optim.lr, clip);
+      if (afterStep) afterStep(zero, s, rank);
     }
     result[size_t(rank)] = zero.gatherParameters();
   });
@@ -351,6 +357,64 @@ TEST(ZeroParallel, CompressedGradientsWithErrorFeedbackStayCloseToExactDataParal
     options.errorFeedback = true;
     ZeroParallel zero(makeModel(smallMlp()), group(store, rank, ""), options);
     EXPECT_EQ(zero.residualElements(), psi) << "rank " << rank;
+  });
+}
+
+// Shards moved twice during the run (the empty shard from rank 0 to rank 2, then to rank 1, the
+// boundaries into other tensors), one rank's optimizer state offloaded and, under stage 3, another
+// rank's parameters: what the shards hold moves with them, and since the updates are elementwise
+// and the shared-memory collectives sum in rank order, the run stays bitwise data parallelism's.
+TEST(ZeroParallel, MovedShardsTrainBitwiseAsDataParallel) {
+  torch::set_num_threads(1);
+  const auto steps = makeSteps();
+  const std::vector<std::vector<int64_t>> moves = {{208, 288, 0}, {96, 0, 400}};
+  for (int stage : {1, 2, 3})
+    for (const std::string optimizer : {"sgd", "adam"}) {
+      const OptimSpec optim = optimizerNamed(optimizer);
+      const auto reference = dataParallelRun(steps, optim, 0);
+      const auto ranks = zeroRun(
+          stage, steps, optim, 0,
+          [&](ZeroOptions& o, int rank) {
+            if (rank == 1) o.offload = Offload::kOptimizer;
+            if (rank == 2 && stage == 3) o.offload = Offload::kParameters;
+          },
+          "shared",
+          [&](ZeroParallel& zero, int s, int rank) {
+            if (s != 3 && s != 7) return;
+            const auto& sizes = moves[s == 3 ? 0 : 1];
+            zero.reshard(sizes);
+            EXPECT_EQ(zero.layout().shardSizes(), sizes);
+            EXPECT_EQ(zero.ownShard().size(), sizes[size_t(rank)]);
+            for (const auto& held : zero.shardState())
+              EXPECT_EQ(held.numel(), zero.ownShard().size());
+          });
+      for (size_t k = 0; k < reference.size(); ++k)
+        for (int r = 0; r < kRanks; ++r)
+          EXPECT_TRUE(torch::equal(ranks[size_t(r)][k], reference[k]))
+              << "stage " << stage << ", " << optimizer << ": rank " << r << " tensor " << k
+              << " differs by " << relativeDifference(ranks[size_t(r)][k], reference[k]);
+    }
+}
+
+// A move needs sizes that fit the layout, and none while error feedback keeps residuals.
+TEST(ZeroParallel, AMoveItCannotMakeIsRefused) {
+  auto store = std::make_shared<store::MemoryStore>();
+  test::runRanks(kRanks, [&](int rank) {
+    ZeroOptions options = zeroOptions(2, kShards, optimizerNamed("sgd"));
+    ZeroParallel zero(makeModel(smallMlp()), group(store, rank), options);
+    EXPECT_THROW(zero.reshard({0, 160, 320}), ConfigError);  // 480 of 496
+    EXPECT_THROW(zero.reshard({8, 152, 336}), ConfigError);  // a boundary off the alignment
+    EXPECT_THROW(zero.reshard({496}), ConfigError);          // one shard for three ranks
+    EXPECT_EQ(zero.layout().shardSizes(), kShards);
+  });
+  auto compressed = std::make_shared<store::MemoryStore>();
+  test::runRanks(kRanks, [&](int rank) {
+    ZeroOptions options = zeroOptions(1, kShards, optimizerNamed("sgd"));
+    options.compression = comm::CompressionPolicy(comm::Compression::BF16, 256, 0);
+    options.errorFeedback = true;
+    ZeroParallel zero(makeModel(smallMlp()), group(compressed, rank, ""), options);
+    EXPECT_THROW(zero.reshard({160, 160, 176}), ConfigError);
+    EXPECT_EQ(zero.layout().shardSizes(), kShards);
   });
 }
 
@@ -971,6 +1035,59 @@ TEST(ZeroTrainer, EveryStageTrainsAndEvaluatesAsDataParallel) {
   }
 }
 
+// `hetra run`'s loop on devices of speeds 1, 1/3 and 1/9 without caps (3x apart: a busy machine's
+// noise in the timings does not swap them): once every optimizer step is
+// measured the shards move once (a "shards" record), the fastest device's growing and the slowest's
+// shrinking, and the run trains as one whose shards stay put (zero.follow_speed = false) does, to
+// float rounding. Under shards = "even" nothing moves.
+TEST(ZeroTrainer, ShardsFollowTheMeasuredSpeedAndTrainAsFixedShardsDo) {
+  torch::set_num_threads(1);
+  struct Outcome {
+    std::vector<TrainResult> results;
+    std::vector<std::vector<int64_t>> moves;  // the "shards" records' sizes
+  };
+  auto run = [](int stage, const std::string& shards, bool follow) {
+    const RunConfig config = configWith(
+        {"model.hidden=[256, 256]", "train.steps=16", "train.global_batch=24",
+         "zero.stage=" + std::to_string(stage), "zero.shards=" + shards, "devices.1.slowdown=3",
+         "devices.2.slowdown=9", std::string("zero.follow_speed=") + (follow ? "true" : "false")});
+    const fs::path dir = freshDir("follow");
+    Outcome out;
+    out.results.resize(kRanks);
+    auto store = std::make_shared<store::MemoryStore>();
+    test::runRanks(kRanks, [&](int rank) {
+      comm::GroupOptions options;
+      options.timeout = Millis(20000);
+      auto comm = comm::Communicator::create(store, rank, kRanks, options);
+      TrainerOptions trainer;
+      if (rank == 0) trainer.metricsPath = (dir / "metrics.jsonl").string();
+      out.results[size_t(rank)] = train(config, comm, trainer);
+    });
+    for (const auto& line : linesOf(dir / "metrics.jsonl")) {
+      const auto record = nlohmann::json::parse(line);
+      if (record.at("event") == "shards")
+        out.moves.push_back(record.at("shard_elements").get<std::vector<int64_t>>());
+    }
+    fs::remove_all(dir);
+    return out;
+  };
+  for (int stage : {1, 3}) {
+    const Outcome fixed = run(stage, "memory", false), following = run(stage, "memory", true);
+    EXPECT_TRUE(fixed.moves.empty()) << "stage " << stage;
+    ASSERT_EQ(following.moves.size(), 1u) << "stage " << stage;
+    const auto& moved = following.moves.front();
+    ASSERT_EQ(moved.size(), size_t(kRanks));
+    EXPECT_GT(moved[0], moved[1]) << "stage " << stage;
+    EXPECT_GT(moved[1], moved[2]) << "stage " << stage;
+    for (int r = 0; r < kRanks; ++r) {
+      const TrainResult &a = following.results[size_t(r)], &b = fixed.results[size_t(r)];
+      EXPECT_NEAR(a.lastLoss, b.lastLoss, 1e-5 * std::abs(b.lastLoss)) << "stage " << stage;
+      EXPECT_NEAR(a.testLoss, b.testLoss, 1e-5 * std::abs(b.testLoss)) << "stage " << stage;
+    }
+    EXPECT_TRUE(run(stage, "even", true).moves.empty()) << "stage " << stage;
+  }
+}
+
 TEST(ZeroConfig, ValuesAndCombinationsItCannotRunAreRefusedByName) {
   auto message = [](const std::vector<std::string>& sets) {
     try {
@@ -999,6 +1116,8 @@ TEST(ZeroConfig, ValuesAndCombinationsItCannotRunAreRefusedByName) {
   EXPECT_EQ(fine.zero.shards, "even");
   EXPECT_TRUE(fine.zero.prefetch);  // the default
   EXPECT_FALSE(configWith({"zero.stage=3", "zero.prefetch=false"}).zero.prefetch);
+  EXPECT_TRUE(fine.zero.followSpeed);  // the default
+  EXPECT_FALSE(configWith({"zero.follow_speed=false"}).zero.followSpeed);
   EXPECT_EQ(parseConfig(toToml(fine), "printed", {}), fine);
 }
 

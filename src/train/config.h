@@ -114,6 +114,9 @@ struct ZeroConfig {
   // parameters (stage 3: also the shard's parameters and gradients). devices[i].offload overrides.
   std::string offload = "none";
   bool prefetch = true;  // stage 3: gather the next block while the current one runs
+  // shards = "memory": once each device's optimizer step is measured, shards follow its speed
+  // within what its memory plan allows (train/shard_follower.h).
+  bool followSpeed = true;
   bool operator==(const ZeroConfig&) const = default;
 };
 

@@ -214,6 +214,15 @@ void Report::balanceChange(int64_t step, const balance::Plan& next) {
   if (!options_.progressBar) std::printf("balance: %s\n", next.reason.c_str());
 }
 
+void Report::shardsMoved(int64_t step, const std::vector<int64_t>& shardSizes) {
+  if (!options_.enabled) return;
+  std::string sizes;
+  for (int64_t n : shardSizes) sizes += (sizes.empty() ? "" : "/") + std::to_string(n);
+  HETRA_INFO("zero", "shards follow the measured optimizer speeds: ", sizes, " elements");
+  write("shards", {{"step", step}, {"shard_elements", shardSizes}});
+  if (!options_.progressBar) std::printf("zero: shards moved to %s elements\n", sizes.c_str());
+}
+
 void Report::evaluation(int64_t step, double testLoss, double testAccuracy) {
   if (!options_.enabled) return;
   write("eval", {{"step", step}, {"test_loss", testLoss}, {"test_accuracy", testAccuracy}});

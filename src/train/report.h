@@ -97,6 +97,9 @@ class Report {
   void step(const StepRecord& record);
   // The balancer adopted `next` after `step` steps.
   void balanceChange(int64_t step, const balance::Plan& next);
+  // ZeRO's shards moved to `shardSizes` (elements per rank) after `step` steps, following the
+  // devices' measured speed; a "shards" record.
+  void shardsMoved(int64_t step, const std::vector<int64_t>& shardSizes);
   void evaluation(int64_t step, double testLoss, double testAccuracy);
   void finish(const TrainResult& result);
 

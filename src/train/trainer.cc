@@ -24,6 +24,7 @@
 #include "train/rank_device.h"
 #include "train/report.h"
 #include "train/sampler.h"
+#include "train/shard_follower.h"
 #include "train/specs.h"
 #include "train/zero_parallel.h"
 #include "train/zero_plan.h"
@@ -46,6 +47,8 @@ enum StatField {
   kActivationSamples,  // the step's largest micro-batch, its activations and the device's peak
   kActivationBytes,
   kActivationDevicePeak,
+  kUpdateElements,  // ZeRO: the shard this step's optimizer updated, and its seconds of compute
+  kUpdateSeconds,
   kPeakBytes,  // device memory: the device categories' peak, -1 when unknown; then each category's
   kMemoryFirst,
   kFixedFields = kMemoryFirst + int(device::kMemoryCategories)
@@ -248,6 +251,10 @@ class Run {
     options.errorFeedback = parallelOptions.errorFeedback;
     zero_ = std::make_unique<ZeroParallel>(model_, comm_, options);
     zeroCaps_ = shardedRankCaps(config_, bytes, options.shardSizes, footprint_.bytesPerSample);
+    // Error feedback's residuals belong to the pieces each rank encodes: the shards stay put.
+    const bool feedback = config_.comm.compression != "none" && config_.comm.errorFeedback;
+    if (config_.zero.shards == "memory" && config_.zero.followSpeed && !feedback)
+      follower_.emplace(memoryBounds(config_, bytes, options.shardSizes));
   }
 
   // A step; a rank past its memory cap fails saying what would fit (train/device_memory.h). The
@@ -300,6 +307,9 @@ class Run {
                                      computeClocks_);
         if (zero_) {
           zero_->updateShard(schedule_->lrAt(step), config_.train.gradClip);
+          segment.end();
+          report[kUpdateElements] = double(zero_->ownShard().size());
+          report[kUpdateSeconds] = segment.computingSeconds();
         } else {
           if (config_.train.gradClip > 0)
             clipGradNorm(model_->parameters(), config_.train.gradClip);
@@ -466,6 +476,11 @@ class Run {
                                   {int64_t(row[kActivationSamples]), int64_t(row[kActivationBytes]),
                                    int64_t(row[kActivationDevicePeak])});
       if (bound > 0 && gather.step > startStep_) balancer_->setMaxMicroBatch(r, bound);
+      // The follower measures each rank's optimizer on the shards it holds now, not on those of
+      // a step before a move.
+      if (follower_ && gather.step > startStep_ &&
+          int64_t(row[kUpdateElements]) == zero_->layout().shard(r).size())
+        follower_->observe(r, int64_t(row[kUpdateElements]), row[kUpdateSeconds]);
     }
     const bool changed = balancer_->endStep(gather.step);
     record.loss = lastLoss_ = lossSum / std::max(1.0, samples);
@@ -478,6 +493,20 @@ class Run {
         timeline::instant(timeline::Lane::Balance, "balance", "new split",
                           planArgs(balancer_->plan()));
     }
+    if (follower_) followSpeed(record.step);
+  }
+
+  // ZeRO's shards re-sized by the measured optimizer speeds (train/shard_follower.h). Every rank
+  // decides alike, from the all-gathered timings, between two steps.
+  void followSpeed(int64_t step) {
+    const auto next = follower_->proposal(zero_->layout().shardSizes());
+    if (!next) return;
+    {
+      timeline::Span span(timeline::Lane::Compute, "comm", "move shards");
+      zero_->reshard(*next);
+    }
+    follower_->resharded();
+    report_->shardsMoved(step, *next);
   }
 
   void evaluateAt(int64_t step, TrainResult& result) {
@@ -523,6 +552,7 @@ class Run {
   std::unique_ptr<ZeroParallel> zero_;      // zero.stage >= 1 (train/zero_parallel.h)
   ShardedBytes zeroBytes_;                  // the plan of zero_ (train/zero_plan.h)
   std::vector<balance::RankCaps> zeroCaps_;
+  std::optional<ShardFollower> follower_;   // ZeRO with shards = "memory" that follow speed
   std::unique_ptr<PeriodicSync> periodic_;  // train.sync_every > 1
   struct RoundReport {
     std::vector<double> report;  // summed over the round's local steps (addToRound)

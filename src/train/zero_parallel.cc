@@ -506,4 +506,71 @@ void ZeroParallel::restored(int64_t optimizerSteps) {
   shareParameters();
 }
 
+void ZeroParallel::reshard(const std::vector<int64_t>& shardSizes) {
+  HETRA_ENFORCE(!armed_, "reshard between steps only");
+  if (residualElements() > 0)
+    throw ConfigError("ZeRO cannot move shards while error feedback keeps residuals");
+  ShardLayout next(sizesOf(params_), shardSizes);
+  if (next.ranks() != comm_->size())
+    throw ConfigError(str("ZeRO: ", next.ranks(), " shards for a group of ", comm_->size()));
+  if (next.shardSizes() == layout_.shardSizes()) return;
+  settlePending();
+  torch::NoGradGuard noGrad;
+  const FlatRange from = shard_, to = next.shard(comm_->rank());
+  const bool shardOnHost = offload_ == Offload::kParameters;
+  // A tensor of the shard, re-made for `to` from every rank's old piece, chunk by chunk: each
+  // chunk all-gathered into host memory where its owners changed, copied locally where not.
+  auto move = [&](torch::Tensor& held, MemoryCategory category) {
+    if (!held.defined()) return;
+    torch::Tensor staged;
+    {
+      MemoryScope host(MemoryCategory::kHostData);
+      staged = held.clone();
+    }
+    held = torch::Tensor();
+    {
+      MemoryScope device(category);
+      held = torch::empty({to.size()}, torch::kFloat32);
+    }
+    constexpr int64_t kChunk = int64_t(1) << 20;
+    for (int64_t begin = 0; begin < layout_.total(); begin += kChunk) {
+      const FlatRange chunk{begin, std::min(layout_.total(), begin + kChunk)};
+      const FlatRange mine = intersect(to, chunk);
+      const auto counts = layout_.countsOf(chunk);
+      if (counts == next.countsOf(chunk)) {  // alike on every rank: no collective
+        if (mine.size() > 0)
+          held.narrow(0, mine.begin - to.begin, mine.size())
+              .copy_(staged.narrow(0, mine.begin - from.begin, mine.size()));
+        continue;
+      }
+      torch::Tensor gathered;
+      {
+        MemoryScope host(MemoryCategory::kHostData);
+        gathered = torch::empty({chunk.size()}, torch::kFloat32);
+      }
+      const FlatRange sent = intersect(from, chunk);
+      comm_
+          ->allgather(floats(staged, sent.size() > 0 ? sent.begin - from.begin : 0),
+                      floats(gathered), counts, DType::F32)
+          ->wait();
+      if (mine.size() > 0)
+        held.narrow(0, mine.begin - to.begin, mine.size())
+            .copy_(gathered.narrow(0, mine.begin - chunk.begin, mine.size()));
+    }
+  };
+  const MemoryCategory state =
+      offload_ != Offload::kNone ? MemoryCategory::kOffloaded : MemoryCategory::kOptimizerState;
+  if (stage_ == 3)
+    move(shardParams_, shardOnHost ? MemoryCategory::kOffloaded : MemoryCategory::kParameters);
+  move(state1_, state);
+  move(state2_, state);
+  if (stage_ > 1) {
+    shardGradient_ = torch::Tensor();
+    MemoryScope gradients(shardOnHost ? MemoryCategory::kOffloaded : MemoryCategory::kGradients);
+    shardGradient_ = torch::zeros({to.size()}, torch::kFloat32);
+  }
+  layout_ = std::move(next);
+  shard_ = to;
+}
+
 }  // namespace hetra::train

@@ -146,6 +146,13 @@ class ZeroParallel : private BlockHooks {
   // under stages 1 and 2 every rank's parameters are all-gathered from the shards (a collective).
   void restored(int64_t optimizerSteps);
 
+  // Moves to new shard sizes (a collective, between steps): what the shards hold (stage 3's
+  // parameters, the optimizer state) goes through host memory, so a device never holds its old
+  // and its new shard at once; the gradient shards start again from zero. ConfigError for sizes
+  // that do not fit the layout, or while error feedback keeps residuals (each is tied to the
+  // pieces a rank encodes, which the move would change).
+  void reshard(const std::vector<int64_t>& shardSizes);
+
  private:
   // Forward runs the blocks in order, backward recomputes them in reverse.
   void beforeBlock(size_t block) override {

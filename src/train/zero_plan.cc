@@ -5,6 +5,7 @@
 #include "balance/memory_caps.h"
 #include "train/device_memory.h"
 #include "train/models.h"
+#include "train/shard_follower.h"
 #include "train/zero_layout.h"
 #include "train/zero_parallel.h"
 
@@ -87,6 +88,17 @@ std::vector<int64_t> planShards(const RunConfig& config, const ShardedBytes& byt
   for (double& e : elements)
     if (e < 0) e = largest > 0 ? largest : 1;
   return proportionalShards(total, elements);
+}
+
+std::vector<int64_t> memoryBounds(const RunConfig& config, const ShardedBytes& bytes,
+                                  const std::vector<int64_t>& shardSizes) {
+  std::vector<int64_t> bounds;
+  for (size_t r = 0; r < config.devices.size(); ++r) {
+    const bool capped =
+        config.devices[r].memoryBytes > 0 && bytes.onDevicePerElement(offloadOf(config, r)) > 0;
+    bounds.push_back(capped ? shardSizes.at(r) : kUnboundedShard);
+  }
+  return bounds;
 }
 
 std::vector<balance::RankCaps> shardedRankCaps(const RunConfig& config, const ShardedBytes& bytes,

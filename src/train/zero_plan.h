@@ -59,6 +59,12 @@ ShardedBytes shardedBytesOf(const RunConfig& config, Model& model);
 std::vector<int64_t> planShards(const RunConfig& config, const ShardedBytes& bytes, int64_t total,
                                 int64_t bytesPerSample);
 
+// What a rank's shard may grow to when it follows speed (train/shard_follower.h): a device with a
+// cap that keeps shard bytes on it no more than `shardSizes` (the memory plan's) gives it, any
+// other kUnboundedShard.
+std::vector<int64_t> memoryBounds(const RunConfig& config, const ShardedBytes& bytes,
+                                  const std::vector<int64_t>& shardSizes);
+
 // The balancer's micro-batch caps under the plan: what the cap leaves after the rank's fixed
 // bytes, in samples of bytesPerSample (at least 1: a device that cannot hold even that fails in
 // its allocator, with DeviceOutOfMemoryError), and devices[i].max_micro_batch.

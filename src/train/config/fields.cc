@@ -253,6 +253,9 @@ const Fields<ZeroConfig>& zeroFields() {
       boolField("prefetch", &Z::prefetch,
                 "stage 3: all-gather the next block while the current one runs (two blocks "
                 "gathered at once)"),
+      boolField("follow_speed", &Z::followSpeed,
+                "shards = \"memory\": re-size the shards by each device's measured optimizer "
+                "speed, never past what its memory plan gives it"),
   };
   return fields;
 }
