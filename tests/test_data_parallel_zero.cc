@@ -31,6 +31,7 @@
 #include "train/dataset_geometry.h"
 #include "train/models.h"
 #include "train/optim.h"
+#include "train/shard_follower.h"
 #include "train/specs.h"
 #include "train/trainer.h"
 #include "train/zero_layout.h"
@@ -381,8 +382,10 @@ TEST(ZeroParallel, MovedShardsTrainBitwiseAsDataParallel) {
           "shared",
           [&](ZeroParallel& zero, int s, int rank) {
             if (s != 3 && s != 7) return;
+            // The second move in chunks of 64 elements: some keep their owners (copied
+            // locally), others are gathered, a shard spanning several.
             const auto& sizes = moves[s == 3 ? 0 : 1];
-            zero.reshard(sizes);
+            zero.reshard(sizes, s == 3 ? int64_t(1) << 20 : 64);
             EXPECT_EQ(zero.layout().shardSizes(), sizes);
             EXPECT_EQ(zero.ownShard().size(), sizes[size_t(rank)]);
             for (const auto& held : zero.shardState())
@@ -907,6 +910,15 @@ TEST(ZeroPlan, OffloadingDevicesTakeShardsByWhatTheyKeepOnTheDevice) {
   EXPECT_EQ(rows[2].offloadedBytes, 16 * shards[2]);
   EXPECT_EQ(rows[0].offloadedBytes, 0);
   EXPECT_EQ(rows[2].capBytes, 8 * 1048576);
+  // Shards that follow speed grow at most to the plan's on a capped device that keeps shard bytes
+  // on it (0: all, 1: its parameters and gradients); device 2 keeps none there, and device 0
+  // without its cap (below) has none: both unbounded.
+  EXPECT_EQ(memoryBounds(config, bytes, shards),
+            (std::vector<int64_t>{shards[0], shards[1], kUnboundedShard}));
+  auto uncapped = sets;
+  uncapped.push_back("devices.0.memory=\"unlimited\"");
+  const RunConfig withoutCap = configWith(uncapped);
+  EXPECT_EQ(memoryBounds(withoutCap, bytes, shards)[0], kUnboundedShard);
 }
 
 // ---- Rank processes: a model larger than the smallest device

@@ -168,9 +168,9 @@ TEST(ComputeScope, APauseIsLeftOutOfTheSegment) {
   EXPECT_NEAR(sleep.requests[0], 0.006, 1e-12);
 }
 
-// What the emulated device computed: the segment's wall time without its pause, and the sleep it
-// actually got (here 1 ms late).
-TEST(ComputeScope, ComputingSecondsAreTheWallTimeLessPausesPlusTheSleep) {
+// What the emulated device computed: three times the 2 ms of work outside the pause, whatever the
+// sleep actually took (here 1 ms late) or the debt it repays.
+TEST(ComputeScope, ComputingSecondsAreTheWorkAtTheSlowdownWithoutPauses) {
   ManualClocks time;
   const ComputeClocks clocks = time.clocks();
   LateSleep sleep;
@@ -186,7 +186,21 @@ TEST(ComputeScope, ComputingSecondsAreTheWallTimeLessPausesPlusTheSleep) {
     time.work += 0.004;
   }
   EXPECT_NEAR(segment.end(), 0.005, 1e-12);  // 2 x 2 ms, less 0 debt, + 1 ms late
-  EXPECT_NEAR(segment.computingSeconds(), 0.002 + 0.005, 1e-12);
+  EXPECT_NEAR(segment.computingSeconds(), 0.006, 1e-12);
+  // The next segment repays the 1 ms of debt with a shorter, punctual sleep; what it computed is
+  // the same.
+  sleep.late = 0;
+  ComputeScope next(emulator, 3.0, clocks);
+  time.wall += 0.002;
+  time.work += 0.002;
+  EXPECT_NEAR(next.end(), 0.003, 1e-12);
+  EXPECT_NEAR(next.computingSeconds(), 0.006, 1e-12);
+  // On a device of full speed it is the wall time, waiting for the core included.
+  ComputeScope full(emulator, 1.0, clocks);
+  time.wall += 0.004;
+  time.work += 0.001;
+  full.end();
+  EXPECT_NEAR(full.computingSeconds(), 0.004, 1e-12);
 }
 
 // A pause outside any segment changes nothing, nor does one in a segment that has ended; the next

@@ -213,9 +213,13 @@ TEST(Trainer, MetricsRecordsHaveTheDocumentedFields) {
 TEST(Trainer, BalancerMovesSamplesToTheFastDeviceUnderZeroStage3) {
   torch::set_num_threads(1);
   const auto dir = tempDir("zero3-balance");
+  // The memory plan's shards kept (no follow_speed): shards that follow speed give the fast
+  // device 3/5 of the reduce-scatters' work beside its compute, which on two busy cores brought
+  // the split to 48/25/23 once; what is checked here is the balancer's reading of the waits.
   trainAll(
       tinyConfig({"train.steps=24", "zero.stage=3", "model.hidden=[512, 512]",
-                  "train.global_batch=96", "devices=[{slowdown=1}, {slowdown=3}, {slowdown=3}]"}),
+                  "train.global_batch=96", "devices=[{slowdown=1}, {slowdown=3}, {slowdown=3}]",
+                  "zero.follow_speed=false"}),
       dir / "metrics.jsonl");
   const auto records = stepRecords(dir / "metrics.jsonl");
   ASSERT_EQ(records.size(), 24u);

@@ -58,9 +58,9 @@ double ComputeScope::end() {
   sleep.arg("slowdown", slowdown_);
   const double wall = clocks_.wall() - wallStart_ - pausedWall_;
   const double work = clocks_.work() - workStart_ - pausedWork_;
-  const double slept = emulator_.endPhase(slowdown_, std::max(wall, 0.0), std::max(work, 0.0));
-  computing_ = std::max(wall, 0.0) + slept;
-  return slept;
+  computing_ = SlowdownEmulator::emulatedSeconds(std::max(slowdown_, 1.0), std::max(wall, 0.0),
+                                                 std::max(work, 0.0));
+  return emulator_.endPhase(slowdown_, std::max(wall, 0.0), std::max(work, 0.0));
 }
 
 ComputePause::ComputePause() : segment_(tOpenSegment) {

@@ -40,8 +40,9 @@ class ComputeScope {
 
   // Ends the segment now and returns the seconds slept; the destructor then does nothing.
   double end();
-  // After end(): the seconds the emulated device computed, its wall time less its pauses plus
-  // the emulation's sleep (0 before).
+  // After end(): the seconds the emulated device computed, without the pauses: its work at the
+  // slowdown (SlowdownEmulator::emulatedSeconds), not what the sleep happened to take after a
+  // late wake-up or while repaying one (0 before).
   double computingSeconds() const { return computing_; }
 
  private:

@@ -21,7 +21,7 @@ SlowdownEmulator::SlowdownEmulator(Sleep sleep) : sleep_(std::move(sleep)) {}
 
 double SlowdownEmulator::endPhase(double slowdown, double wall, double work) {
   if (slowdown <= 1.0) return 0;
-  const double owed = slowdown * std::min(wall, work) - wall;
+  const double owed = emulatedSeconds(slowdown, wall, work) - wall;
   if (owed <= 0) return 0;
   const double sleep = owed - debt_;
   if (sleep <= 0) {

@@ -13,6 +13,7 @@
 // The debt is capped, so one long stall is not repaid by a burst at full speed.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -40,6 +41,12 @@ class SlowdownEmulator {
 
   // Ends a compute phase: sleeps what it owes, less the debt. Returns the seconds slept.
   double endPhase(double slowdown, double wall, double work);
+  // How long the emulated device takes for a phase of `wall` seconds with `work` CPU seconds:
+  // the work, `slowdown` times, where that is longer than the wall time (what endPhase owes on
+  // top of it), whatever the debt and the sleeps' lateness.
+  static double emulatedSeconds(double slowdown, double wall, double work) {
+    return std::max(wall, slowdown * std::min(wall, work));
+  }
 
   double debtSeconds() const { return debt_; }
 

@@ -493,7 +493,7 @@ class Run {
         timeline::instant(timeline::Lane::Balance, "balance", "new split",
                           planArgs(balancer_->plan()));
     }
-    if (follower_) followSpeed(record.step);
+    if (follower_ && record.step < totalSteps_) followSpeed(record.step);  // none after the last
   }
 
   // ZeRO's shards re-sized by the measured optimizer speeds (train/shard_follower.h). Every rank

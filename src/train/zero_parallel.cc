@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <unordered_set>
+#include <utility>
 
 #include "common/errors.h"
 #include "common/timing.h"
@@ -372,6 +373,10 @@ void ZeroParallel::beginStep(int64_t mine, int64_t most) {
   HETRA_ENFORCE(mine >= 0 && mine <= most, "micro-batches: ", mine, " of at most ", most);
   waited_ = 0;
   settlePending();  // normally nothing: a pass that threw may have left its prefetch
+  // Stage 1: the step accumulates from zero. Zeroed here, not after the update: between the
+  // reduce-scatter and the all-gather every rank waits for the slowest one's update, and zeroing
+  // all psi gradients there would be the slowest device's work too, whatever its shard.
+  if (std::exchange(gradientsSpent_, false)) flatGradient_.zero_();
   if (stage_ == 3)
     for (int64_t round = std::max<int64_t>(mine, 1); round < most; ++round) idleRound(false);
 }
@@ -427,7 +432,7 @@ double ZeroParallel::updateShard(double lr, double gradClip) {
     if (coefficient < 1) grads.mul_(coefficient);
   }
   update(lr);
-  if (stage_ == 1) flatGradient_.zero_();  // the next step accumulates from zero
+  gradientsSpent_ = stage_ == 1;
   return norm;
 }
 
@@ -506,7 +511,8 @@ void ZeroParallel::restored(int64_t optimizerSteps) {
   shareParameters();
 }
 
-void ZeroParallel::reshard(const std::vector<int64_t>& shardSizes) {
+void ZeroParallel::reshard(const std::vector<int64_t>& shardSizes, int64_t chunkElements) {
+  HETRA_ENFORCE(chunkElements > 0, "reshard chunks of ", chunkElements, " elements");
   HETRA_ENFORCE(!armed_, "reshard between steps only");
   if (residualElements() > 0)
     throw ConfigError("ZeRO cannot move shards while error feedback keeps residuals");
@@ -532,9 +538,8 @@ void ZeroParallel::reshard(const std::vector<int64_t>& shardSizes) {
       MemoryScope device(category);
       held = torch::empty({to.size()}, torch::kFloat32);
     }
-    constexpr int64_t kChunk = int64_t(1) << 20;
-    for (int64_t begin = 0; begin < layout_.total(); begin += kChunk) {
-      const FlatRange chunk{begin, std::min(layout_.total(), begin + kChunk)};
+    for (int64_t begin = 0; begin < layout_.total(); begin += chunkElements) {
+      const FlatRange chunk{begin, std::min(layout_.total(), begin + chunkElements)};
       const FlatRange mine = intersect(to, chunk);
       const auto counts = layout_.countsOf(chunk);
       if (counts == next.countsOf(chunk)) {  // alike on every rank: no collective

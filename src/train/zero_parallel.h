@@ -150,8 +150,9 @@ class ZeroParallel : private BlockHooks {
   // parameters, the optimizer state) goes through host memory, so a device never holds its old
   // and its new shard at once; the gradient shards start again from zero. ConfigError for sizes
   // that do not fit the layout, or while error feedback keeps residuals (each is tied to the
-  // pieces a rank encodes, which the move would change).
-  void reshard(const std::vector<int64_t>& shardSizes);
+  // pieces a rank encodes, which the move would change). `chunkElements`: the flat space moves in
+  // chunks of that many elements, each all-gathered into host memory where its owners change.
+  void reshard(const std::vector<int64_t>& shardSizes, int64_t chunkElements = int64_t(1) << 20);
 
  private:
   // Forward runs the blocks in order, backward recomputes them in reverse.
@@ -224,6 +225,7 @@ class ZeroParallel : private BlockHooks {
   // finish() (stage 2 waits for each before it frees the tensor's gradient).
   std::vector<comm::WorkPtr> reducing_;
   bool armed_ = false;
+  bool gradientsSpent_ = false;  // stage 1: the update used flatGradient_; beginStep zeroes it
   double waited_ = 0;
 };
 
