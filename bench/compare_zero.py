@@ -9,8 +9,9 @@ Three parts (--parts, default all):
            multiple of --resolution). Bound by memory accounting, not time: valid on a busy machine. The data are
            synthetic with Fashion-MNIST's shape (784 features, 10 classes) and a small test set, so the final
            evaluation of a large model stays quick; the model is the one fashion-mnist would train.
-  speed    On the demo cluster (--speed-config, its devices, slowdowns and caps): samples/s of DP, Z1, Z2, Z3
-           with and without prefetch (zero.shards = "memory"), one after the other in an order that rotates each round, under
+  speed    On the demo cluster (--speed-config, its devices, slowdowns and caps): samples/s of DP, Z1 (also with
+           fixed shards, and with the update overlapped with the reduce-scatters), Z2, Z3 with and without prefetch
+           (zero.shards = "memory"; --speed-variants picks some), one after the other in an order that rotates each round, under
            `flock LOCK`; medians (min-max) over rounds of samples/s and of Z1/DP, Z2/DP, Z3/DP computed within each
            round. Needs a quiet machine.
   fsdp     Tries `from torch.distributed.fsdp import FullyShardedDataParallel` with --torch-python; when it
@@ -40,8 +41,10 @@ FEATURES, CLASSES = 784, 10
 VARIANTS = {"dp": ("DP", ["zero.stage=0"]),
             "even": ("ZeRO-3 even", ["zero.stage=3", 'zero.shards="even"']),
             "memory": ("ZeRO-3 memory", ["zero.stage=3", 'zero.shards="memory"'])}
-# "fixed": the memory plan's shards kept, not moved to follow the measured optimizer speeds.
+# "fixed": the memory plan's shards kept, not moved to follow the measured optimizer speeds; "overlapped": the
+# update and the all-gather group by group as each group's reduce-scatters end, not after all of them.
 SPEED = {"DP": ["zero.stage=0"], "Z1": ["zero.stage=1"], "Z1 fixed": ["zero.stage=1", "zero.follow_speed=false"],
+         "Z1 overlapped": ["zero.stage=1", "zero.overlap_update=true"],
          "Z2": ["zero.stage=2"],
          "Z3": ["zero.stage=3", "zero.prefetch=true"], "Z3 no prefetch": ["zero.stage=3", "zero.prefetch=false"]}
 OUT_OF_MEMORY = ("ran out of device memory", "is out of memory: ", "DeviceOutOfMemoryError",
@@ -64,7 +67,12 @@ def parse_args():
     p.add_argument("--global-batch", type=int, default=64, help="global batch of the largest-model runs")
     p.add_argument("--speed-config", default="examples/fashion_mnist_hetero.toml")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the speed part")
+    p.add_argument("--speed-variants", default=",".join(SPEED),
+                   help="comma list of the speed part's variants (DP always runs): " + ", ".join(SPEED))
     p.add_argument("--speed-steps", type=int, default=200, help="steps of each speed run")
+    p.add_argument("--speed-devices", type=int, default=0,
+                   help="keep only the first N [[devices]] of --speed-config (0: all); e.g. 2 on the demo "
+                        "cluster leaves no more ranks than this machine's two cores")
     p.add_argument("--hetra", default=os.path.join(ROOT, "build", "tools", "hetra", "hetra"))
     p.add_argument("--torch-python",
                    default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
@@ -76,6 +84,9 @@ def parse_args():
     a.parts = [x for x in a.parts.split(",") if x]
     if any(x not in ("largest", "speed", "fsdp") for x in a.parts):
         p.error("--parts: a comma list of largest, speed, fsdp")
+    a.speed_variants = ["DP"] + [x for x in a.speed_variants.split(",") if x and x != "DP"]
+    if any(x not in SPEED for x in a.speed_variants):
+        p.error("--speed-variants: a comma list of " + ", ".join(SPEED))
     a.variants = [x for x in a.variants.split(",") if x]
     if any(x not in VARIANTS for x in a.variants):
         p.error("--variants: a comma list of " + ", ".join(VARIANTS))
@@ -187,8 +198,23 @@ def run_largest(a, out):
     return results
 
 
+def devices_kept(config_path, keep, out):
+    """A copy of the config in `out` with its first `keep` [[devices]] only (0: the config itself)."""
+    if keep <= 0:
+        return config_path
+    with open(os.path.join(ROOT, config_path)) as f:
+        parts = f.read().split("[[devices]]")
+    if len(parts) - 1 < keep:
+        raise SystemExit(f"--speed-devices {keep}: {config_path} has {len(parts) - 1} [[devices]]")
+    path = os.path.join(out, f"speed-config-{keep}-devices.toml")
+    with open(path, "w") as f:
+        f.write("[[devices]]".join(parts[:keep + 1]))
+    return path
+
+
 def run_speed(a, out):
-    keys = list(SPEED)
+    keys = a.speed_variants
+    config = devices_kept(a.speed_config, a.speed_devices, out)
     results = {k: [None] * a.rounds for k in keys}
     failures = 0
     warmup = warmup_of(a.speed_steps, 5)
@@ -198,7 +224,7 @@ def run_speed(a, out):
             sets = SPEED[key] + ['zero.shards="memory"', f"train.steps={a.speed_steps}", "train.eval_every=0",
                                  "train.log_every=0", 'train.lr_schedule="constant"', "train.warmup_steps=0"]
             t0 = time.monotonic()
-            rc = run(locked(a, hetra_cmd(a, a.speed_config, sets, stem + ".jsonl")), a.timeout, stem + ".log")
+            rc = run(locked(a, hetra_cmd(a, config, sets, stem + ".jsonl")), a.timeout, stem + ".log")
             try:
                 if rc != 0:
                     raise RuntimeError(f"exit status {rc}")
@@ -242,7 +268,7 @@ def main():
     started = time.monotonic()
     saved = {"command": "bench/compare_zero.sh " + shlex.join(sys.argv[1:]), "facts": facts, "depth": a.depth,
              "steps": a.steps, "global_batch": a.global_batch, "resolution": a.resolution,
-             "speed_config": a.speed_config, "rounds": a.rounds, "speed_steps": a.speed_steps, "failures": 0}
+             "speed_config": a.speed_config, "speed_devices": a.speed_devices, "rounds": a.rounds, "speed_steps": a.speed_steps, "failures": 0}
     if "largest" in a.parts:
         saved["largest"] = run_largest(a, out)
         saved["failures"] += sum(len(v["errors"]) for e in saved["largest"] for v in e["variants"].values())
@@ -345,12 +371,14 @@ def render_speed(saved, spread):
                 pass
         return out
 
-    lines = ["", f"Speed on the demo cluster (`{saved['speed_config']}`, its devices, slowdowns and caps; "
+    kept = saved.get("speed_devices", 0)
+    devices = f"its first {kept} devices" if kept else "its devices"
+    lines = ["", f"Speed on the demo cluster (`{saved['speed_config']}`, {devices}, slowdowns and caps; "
              f"zero.shards = \"memory\"): {saved['rounds']} rounds of {saved['speed_steps']} steps, order rotated "
              f"each round; samples/s = the final record's mean after the warm-up ({sp['warmup']} steps); ratios "
              "within each round, then the median (min-max).", "",
              "| variant | samples/s | / DP | step (ms) |", "|---|---|---|---|"]
-    for key in SPEED:
+    for key in res:
         lines.append("| " + " | ".join([
             key, cell(vals(lambda r: sps(key, r)), 0, spread),
             cell(vals(lambda r: sps(key, r) / sps("DP", r)), 3, spread, "x") if key != "DP" else "1",

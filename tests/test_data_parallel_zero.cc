@@ -204,12 +204,16 @@ using AdjustOptions = std::function<void(ZeroOptions&, int rank)>;
 // Called on every rank after step s (0-based) of a run.
 using AfterStep = std::function<void(ZeroParallel&, int s, int rank)>;
 
+// What a step runs after its micro-batches: by default finish() then step().
+using EndStep = std::function<void(ZeroParallel&, double lr, double clip)>;
+
 // Every rank's parameters after kSteps under ZeRO `stage` with kShards.
 std::vector<std::vector<torch::Tensor>> zeroRun(int stage, const std::vector<StepData>& steps,
                                                 const OptimSpec& optim, double clip,
                                                 const AdjustOptions& adjust = {},
                                                 const std::string& algorithm = "shared",
-                                                const AfterStep& afterStep = {}) {
+                                                const AfterStep& afterStep = {},
+                                                const EndStep& endStep = {}) {
   std::vector<std::vector<torch::Tensor>> result(kRanks);
   auto store = std::make_shared<store::MemoryStore>();
   test::runRanks(kRanks, [&](int rank) {
@@ -230,8 +234,12 @@ std::vector<std::vector<torch::Tensor>> zeroRun(int stage, const std::vector<Ste
       for (int r = 0; r < kRanks; ++r) most = std::max(most, microBatches(split, r));
       zero.beginStep(microBatches(split, rank), most);
       runMicroBatches(*model, steps[size_t(s)], split, rank, [&] { zero.armLastBackward(); });
-      zero.finish();
-      zero.step(optim.lr, clip);
+      if (endStep) {
+        endStep(zero, optim.lr, clip);
+      } else {
+        zero.finish();
+        zero.step(optim.lr, clip);
+      }
       if (afterStep) afterStep(zero, s, rank);
     }
     result[size_t(rank)] = zero.gatherParameters();
@@ -282,6 +290,39 @@ void expectLikeDataParallel(int stage, const std::string& optimizer, double clip
 TEST(ZeroParallel, Stage1IsBitwiseDataParallel) {
   expectLikeDataParallel(1, "sgd", 0);
   expectLikeDataParallel(1, "adam", 0);
+}
+
+// The overlapped step updates and all-gathers the parameters in groups of tensors as their
+// reduce-scatters end: one group per tensor (the empty shard's rank updates nothing in each),
+// groups of two to four tensors whose boundary falls inside rank 1's shard, and one group.
+TEST(ZeroParallel, Stage1WithTheOverlappedUpdateIsBitwiseDataParallel) {
+  torch::set_num_threads(1);
+  const auto steps = makeSteps();
+  // smallMlp's tensors in reverse flat order: 5, 55, 11, 187, 17, 221 elements.
+  const std::vector<std::pair<int64_t, int>> groupings = {{1, 6}, {200, 2}, {1 << 16, 1}};
+  for (const std::string optimizer : {"sgd", "adam"}) {
+    const OptimSpec optim = optimizerNamed(optimizer);
+    const auto reference = dataParallelRun(steps, optim, 0);
+    for (const auto& [atLeast, groups] : groupings) {
+      const auto ranks = zeroRun(
+          1, steps, optim, 0, [&](ZeroOptions& o, int) { o.groupElements = atLeast; }, "shared", {},
+          [&](ZeroParallel& zero, double lr, double clip) {
+            ASSERT_TRUE(zero.overlapsUpdate(clip));
+            const OverlappedStep spent =
+                zero.finishAndUpdate(lr, [](const std::function<void()>& work) {
+                  work();
+                  return 0.25;  // one segment per group, alike on every rank
+                });
+            EXPECT_EQ(spent.updateSeconds, 0.25 * groups);
+            EXPECT_GE(spent.waitedSeconds, 0.0);
+          });
+      for (int r = 0; r < kRanks; ++r)
+        for (size_t k = 0; k < reference.size(); ++k)
+          EXPECT_TRUE(torch::equal(ranks[size_t(r)][k], reference[k]))
+              << optimizer << ", groups of " << atLeast << ": rank " << r << " tensor " << k
+              << " differs by " << relativeDifference(ranks[size_t(r)][k], reference[k]);
+    }
+  }
 }
 
 TEST(ZeroParallel, Stage2IsBitwiseDataParallel) {
@@ -601,6 +642,36 @@ TEST(ZeroSequence, APassThatThrowsLeavesNothingInFlight) {
   const auto afterThrow = sequenceLogs(true, /*throwFirst=*/true);
   for (int r = 0; r < kRanks; ++r)
     EXPECT_EQ(joined(afterThrow[size_t(r)], true), joined(clean[size_t(r)], true)) << "rank " << r;
+}
+
+// Stage 1's overlapped step: the reduce-scatters issued in backward (reverse flat order), then
+// each group's update and all-gather, in the same order; rank 0, without samples, issues the
+// same sequence from finishAndUpdate.
+TEST(ZeroSequence, Stage1UpdatesAndGathersEachGroupAfterItsReduceScatters) {
+  torch::set_num_threads(1);
+  std::vector<std::vector<std::string>> logs(kRanks);
+  const StepData data = makeSteps().front();
+  const Split& split = kSplits[1];  // {0, 12, 5} samples in {0, 2, 1} micro-batches
+  auto store = std::make_shared<store::MemoryStore>();
+  test::runRanks(kRanks, [&](int rank) {
+    auto& log = logs[size_t(rank)];
+    auto comm = std::make_shared<RecordingGroup>(group(store, rank), &log);
+    auto model = makeModel(smallMlp());
+    ZeroOptions options = zeroOptions(1, kShards, optimizerNamed("adam"));
+    options.groupElements = 200;
+    ZeroParallel zero(model, comm, options);
+    log.clear();
+    zero.beginStep(microBatches(split, rank), 2);
+    runMicroBatches(*model, data, split, rank, [&] { zero.armLastBackward(); });
+    zero.finishAndUpdate(0.01, [&](const std::function<void()>& work) {
+      log.push_back("update");
+      work();
+      return 0.0;
+    });
+  });
+  const std::string expected = "RS5 RS55 RS11 RS187 RS17 RS221 update G258 update G238";
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_EQ(joined(logs[size_t(r)], true), expected) << "rank " << r;
 }
 
 TEST(ZeroParallel, RefusesWhatItCannotShard) {
@@ -1016,11 +1087,12 @@ TEST(ZeroMemory, AModelLargerThanItsDevicesTogetherTrainsWithTheShardsOffloaded)
 // model's choice here, not the rank-order ones of the tests above).
 TEST(ZeroTrainer, EveryStageTrainsAndEvaluatesAsDataParallel) {
   torch::set_num_threads(1);
-  auto results = [](int stage) {
-    const RunConfig config = configWith(
-        {"model.hidden=[32, 16]", "train.steps=7", "train.eval_every=3", "train.global_batch=20",
-         "zero.stage=" + std::to_string(std::min(stage, 3)), "zero.shards=even",
-         "data.test_samples=43", std::string("zero.prefetch=") + (stage == 4 ? "false" : "true")});
+  auto results = [](const std::vector<std::string>& zero) {
+    std::vector<std::string> sets = {"model.hidden=[32, 16]", "train.steps=7",
+                                     "train.eval_every=3",    "train.global_batch=20",
+                                     "zero.shards=even",      "data.test_samples=43"};
+    sets.insert(sets.end(), zero.begin(), zero.end());
+    const RunConfig config = configWith(sets);
     std::vector<TrainResult> out(kRanks);
     auto store = std::make_shared<store::MemoryStore>();
     test::runRanks(kRanks, [&](int rank) {
@@ -1031,18 +1103,26 @@ TEST(ZeroTrainer, EveryStageTrainsAndEvaluatesAsDataParallel) {
     });
     return out;
   };
-  const auto reference = results(0);
-  for (int stage : {1, 2, 3, 4}) {  // 4: stage 3 without prefetch
-    const auto sharded = results(stage);
+  const auto reference = results({"zero.stage=0"});
+  const std::vector<std::vector<std::string>> variants = {
+      {"zero.stage=1"},
+      {"zero.stage=1", "zero.overlap_update=true"},  // updated group by group as gradients arrive
+      {"zero.stage=2"},
+      {"zero.stage=3"},
+      {"zero.stage=3", "zero.prefetch=false"}};
+  for (const auto& variant : variants) {
+    const auto sharded = results(variant);
+    std::string what;
+    for (const auto& set : variant) what += set + " ";
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_NEAR(sharded[size_t(r)].testLoss, reference[size_t(r)].testLoss,
                   1e-5 * std::abs(reference[size_t(r)].testLoss))
-          << "stage " << stage << " rank " << r;
+          << what << "rank " << r;
       EXPECT_EQ(sharded[size_t(r)].testAccuracy, reference[size_t(r)].testAccuracy)
-          << "stage " << stage << " rank " << r;
+          << what << "rank " << r;
       EXPECT_NEAR(sharded[size_t(r)].lastLoss, reference[size_t(r)].lastLoss,
                   1e-5 * std::abs(reference[size_t(r)].lastLoss))
-          << "stage " << stage << " rank " << r;
+          << what << "rank " << r;
     }
   }
 }
@@ -1130,6 +1210,8 @@ TEST(ZeroConfig, ValuesAndCombinationsItCannotRunAreRefusedByName) {
   EXPECT_FALSE(configWith({"zero.stage=3", "zero.prefetch=false"}).zero.prefetch);
   EXPECT_TRUE(fine.zero.followSpeed);  // the default
   EXPECT_FALSE(configWith({"zero.follow_speed=false"}).zero.followSpeed);
+  EXPECT_FALSE(fine.zero.overlapUpdate);  // the default
+  EXPECT_TRUE(configWith({"zero.overlap_update=true"}).zero.overlapUpdate);
   EXPECT_EQ(parseConfig(toToml(fine), "printed", {}), fine);
 }
 

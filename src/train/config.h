@@ -117,6 +117,10 @@ struct ZeroConfig {
   // shards = "memory": once each device's optimizer step is measured, shards follow its speed
   // within what its memory plan allows (train/shard_follower.h).
   bool followSpeed = true;
+  // Stage 1 without clipping: each group of tensors is updated and all-gathered as soon as its
+  // reduce-scatters end (ZeroParallel::finishAndUpdate); false: after all of them, which measured
+  // as fast on the emulated devices (docs/benchmarks.md).
+  bool overlapUpdate = false;
   bool operator==(const ZeroConfig&) const = default;
 };
 

@@ -288,38 +288,20 @@ class Run {
       // 2. k micro-batches of at most m samples, summed gradients; 3. the last backward
       // all-reduces the gradient buckets as they become ready.
       report = runMicroBatches(indices, mine, slowdownAt(device_.config, step), local);
-      {
-        device::MemoryScope buckets(device::MemoryCategory::kCommunication);
-        if (!local) {
-          timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients");
-          report[kCommSeconds] = zero_ ? zero_->finish() : parallel_->finish(1);
+      if (zero_ && config_.zero.overlapUpdate && zero_->overlapsUpdate(config_.train.gradClip)) {
+        overlappedZeroStep(step, report);  // 3. and 4. in one
+      } else {
+        {
+          device::MemoryScope buckets(device::MemoryCategory::kCommunication);
+          if (!local) {
+            timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients");
+            report[kCommSeconds] = zero_ ? zero_->finish() : parallel_->finish(1);
+          }
+          device_.memory.adoptGradients();
         }
-        device_.memory.adoptGradients();
+        // 4. The optimizer step, then the timings go to the balancer.
+        optimizerStep(step, report);
       }
-      // 4. The optimizer step, then the timings go to the balancer.
-      timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
-      {
-        device::MemoryScope state(device::MemoryCategory::kOptimizerState);
-        // An offloaded shard is updated by the host's CPU, which the device's slowdown does not
-        // stretch.
-        const bool onHost = zero_ && zero_->offload() != Offload::kNone;
-        device::ComputeScope segment(emulator_, onHost ? 1.0 : slowdownAt(device_.config, step),
-                                     computeClocks_);
-        if (zero_) {
-          zero_->updateShard(schedule_->lrAt(step), config_.train.gradClip);
-          segment.end();
-          report[kUpdateElements] = double(zero_->ownShard().size());
-          report[kUpdateSeconds] = segment.computingSeconds();
-        } else {
-          if (config_.train.gradClip > 0)
-            clipGradNorm(model_->parameters(), config_.train.gradClip);
-          applyLr(*optimizer_, schedule_->lrAt(step));
-          optimizer_->step();
-        }
-      }
-      if (zero_) report[kCommSeconds] += zero_->shareParameters();  // not a compute segment
-      if (!zero_) parallel_->clearGradients();
-      optimizerSpan.end();
       if (local) periodic_->tookStep(mine.batch);
     }
     if (local) {
@@ -332,6 +314,57 @@ class Run {
     shareTimings(step, plan, std::move(report));
     pending_->seconds = local ? secondsSince(std::exchange(round_, {}).start) : seconds;
     return seconds;
+  }
+
+  void optimizerStep(int64_t step, std::vector<double>& report) {
+    timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
+    {
+      device::MemoryScope state(device::MemoryCategory::kOptimizerState);
+      // An offloaded shard is updated by the host's CPU, which the device's slowdown does not
+      // stretch.
+      const bool onHost = zero_ && zero_->offload() != Offload::kNone;
+      device::ComputeScope segment(emulator_, onHost ? 1.0 : slowdownAt(device_.config, step),
+                                   computeClocks_);
+      if (zero_) {
+        zero_->updateShard(schedule_->lrAt(step), config_.train.gradClip);
+        segment.end();
+        report[kUpdateElements] = double(zero_->ownShard().size());
+        report[kUpdateSeconds] = segment.computingSeconds();
+      } else {
+        if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
+        applyLr(*optimizer_, schedule_->lrAt(step));
+        optimizer_->step();
+      }
+    }
+    if (zero_) report[kCommSeconds] += zero_->shareParameters();  // not a compute segment
+    if (!zero_) parallel_->clearGradients();
+  }
+
+  // ZeRO stage 1 without clipping: finish, update and share overlapped
+  // (ZeroParallel::finishAndUpdate), each group's update a compute segment of its own, so that an
+  // emulated device sleeps its slowdown before the group's all-gather, as after any segment.
+  void overlappedZeroStep(int64_t step, std::vector<double>& report) {
+    // An offloaded shard is updated by the host's CPU, which the device's slowdown does not
+    // stretch.
+    const double slowdown =
+        zero_->offload() != Offload::kNone ? 1.0 : slowdownAt(device_.config, step);
+    OverlappedStep spent;
+    {
+      device::MemoryScope buckets(device::MemoryCategory::kCommunication);
+      timeline::Span wait(timeline::Lane::Compute, "comm", "wait for gradients, update, gather");
+      spent = zero_->finishAndUpdate(schedule_->lrAt(step), [&](const std::function<void()>& work) {
+        timeline::Span update(timeline::Lane::Compute, "compute", "optimizer step");
+        device::MemoryScope state(device::MemoryCategory::kOptimizerState);
+        device::ComputeScope segment(emulator_, slowdown, computeClocks_);
+        work();
+        segment.end();
+        return segment.computingSeconds();
+      });
+      device_.memory.adoptGradients();
+    }
+    report[kCommSeconds] = spent.waitedSeconds;
+    report[kUpdateElements] = double(zero_->ownShard().size());
+    report[kUpdateSeconds] = spent.updateSeconds;
   }
 
   // Sums a local step's report into its round's: the fields, and its observations while there is

@@ -7,6 +7,22 @@
 
 namespace hetra::train {
 
+std::vector<TensorGroup> tensorGroups(const ShardLayout& layout, int64_t atLeast) {
+  HETRA_ENFORCE_GT(atLeast, 0, "elements a tensor group holds at least");
+  std::vector<TensorGroup> groups;
+  int64_t end = layout.total();
+  size_t endTensor = layout.tensors();
+  for (size_t k = endTensor; k-- > 0;) {
+    const int64_t begin = layout.tensor(k).begin;
+    if (end - begin >= atLeast || k == 0) {
+      groups.push_back({{begin, end}, k, endTensor});
+      end = begin;
+      endTensor = k;
+    }
+  }
+  return groups;
+}
+
 FlatRange intersect(FlatRange a, FlatRange b) {
   const int64_t begin = std::max(a.begin, b.begin), end = std::min(a.end, b.end);
   return end > begin ? FlatRange{begin, end} : FlatRange{begin, begin};

@@ -49,6 +49,17 @@ class ShardLayout {
   std::vector<int64_t> shardBegin_;   // ranks() + 1 entries, the last = total_
 };
 
+// Tensors updated and all-gathered together (ZeRO stage 1's overlapped step): runs of
+// consecutive tensors in reverse flat order, the order backward produces their gradients, each
+// closed once it holds at least `atLeast` elements (the last may hold fewer).
+struct TensorGroup {
+  FlatRange range;
+  size_t firstTensor = 0, endTensor = 0;  // its tensors: [firstTensor, endTensor)
+};
+std::vector<TensorGroup> tensorGroups(const ShardLayout& layout, int64_t atLeast);
+// The default: 64 Ki elements (256 KiB, DataParallel's direct buckets).
+constexpr int64_t kTensorGroupElements = int64_t(1) << 16;
+
 // Shard sizes for `total` elements in proportion to `weights` (>= 0, one per rank; all zero: even):
 // boundary r is total * (w_0 + ... + w_{r-1}) / (w_0 + ... + w_{n-1}) rounded to the nearest
 // multiple of kShardAlign, the last rank with a weight ends at total. A rank of weight zero gets an

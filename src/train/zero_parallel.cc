@@ -134,16 +134,10 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
       params_[k].set_data(view);  // the model's own copy goes
     }
   }
-  if (stage_ == 1) {
-    {
-      MemoryScope gradients(MemoryCategory::kGradients);
-      flatGradient_ = torch::zeros({layout_.total()}, torch::kFloat32);
-    }
-    for (size_t k = 0; k < params_.size(); ++k) {
-      const FlatRange t = layout_.tensor(k);
-      params_[k].mutable_grad() = flatGradient_.narrow(0, t.begin, t.size()).view_as(params_[k]);
-    }
-  } else {
+  // Stage 1's gradients are autograd's own, as data parallelism's: each step's first backward
+  // allocates them rather than adding into zeroed buffers (an extra pass over psi floats, 10% of
+  // the demo's step), and the reduce-scatter leaves the shard's part of each in place.
+  if (stage_ > 1) {
     MemoryScope gradients(shardOnHost ? MemoryCategory::kOffloaded : MemoryCategory::kGradients);
     shardGradient_ = torch::zeros({shardSize}, torch::kFloat32);
   }
@@ -196,6 +190,7 @@ ZeroParallel::ZeroParallel(std::shared_ptr<Model> model, std::shared_ptr<comm::C
     }
   }
   gradientPolicy_.compression = options.compression;
+  if (stage_ == 1) groups_ = tensorGroups(layout_, options.groupElements);
   residuals_.resize(params_.size());
   if (options.errorFeedback) {
     MemoryScope communication(MemoryCategory::kCommunication);
@@ -258,14 +253,16 @@ void ZeroParallel::release(size_t block) {
 }
 
 void ZeroParallel::settlePending() noexcept {
-  for (auto& work : reducing_) {
-    try {
-      if (work) work->wait(deadlineAfter(Millis(60000)));
-    } catch (const std::exception&) {  // the group's latched error: reported where it arose
+  for (auto* works : {&reducing_, &gathering_})
+    for (auto& work : *works) {
+      try {
+        if (work) work->wait(deadlineAfter(Millis(60000)));
+      } catch (const std::exception&) {  // the group's latched error: reported where it arose
+      }
     }
-  }
   // As for the gathers below: one that outlived even that deadline stays.
-  std::erase_if(reducing_, [](const comm::WorkPtr& w) { return !w || w->isCompleted(); });
+  for (auto* works : {&reducing_, &gathering_})
+    std::erase_if(*works, [](const comm::WorkPtr& w) { return !w || w->isCompleted(); });
   for (size_t b = 0; b < pending_.size(); ++b) {
     if (!pending_[b]) continue;
     try {
@@ -284,7 +281,8 @@ comm::WorkPtr ZeroParallel::issueReduce(size_t k, const torch::Tensor& gradient)
   HETRA_ENFORCE(gradient.is_contiguous() && gradient.numel() == params_[k].numel(),
                 "gradient of parameter ", k);
   const FlatRange t = layout_.tensor(k);
-  float* out = stage_ == 1 ? floats(flatGradient_, intersect(shard_, t).begin)
+  // Stage 1: in place, into the shard's part of the gradient itself.
+  float* out = stage_ == 1 ? gradient.data_ptr<float>() + (intersect(shard_, t).begin - t.begin)
                            : floats(shardGradient_, offsetInShard(t));
   comm::OpPolicy policy = gradientPolicy_;
   if (residuals_[k].defined()) policy.residual = residuals_[k].data_ptr<float>();
@@ -321,16 +319,18 @@ void ZeroParallel::onReady(size_t k) {
   const size_t n = params_.size();
   while (nextLaunch_ < n && ready_[n - 1 - nextLaunch_]) {
     const size_t next = n - 1 - nextLaunch_++;
+    auto& grad = params_[next].mutable_grad();
+    if (!grad.defined()) {
+      MemoryScope gradients(MemoryCategory::kGradients);
+      grad = torch::zeros_like(params_[next]);
+    }
+    if (!grad.is_contiguous()) grad = grad.contiguous();
     if (stage_ == 1) {
-      // .grad is a view of flatGradient_ autograd is done with: the reduce-scatter runs
-      // while backward computes the tensors before it; finish() waits.
-      reducing_.push_back(issueReduce(
-          next, flatGradient_.narrow(0, layout_.tensor(next).begin, params_[next].numel())));
+      // Autograd is done with it: the reduce-scatter runs while backward computes the tensors
+      // before it; finish() waits.
+      reducing_.push_back(issueReduce(next, grad));
       continue;
     }
-    auto& grad = params_[next].mutable_grad();
-    if (!grad.defined()) grad = torch::zeros_like(params_[next]);
-    if (!grad.is_contiguous()) grad = grad.contiguous();
     reduceIntoShard(next, grad);
     grad = torch::Tensor();  // only the shard's part stays
   }
@@ -373,10 +373,9 @@ void ZeroParallel::beginStep(int64_t mine, int64_t most) {
   HETRA_ENFORCE(mine >= 0 && mine <= most, "micro-batches: ", mine, " of at most ", most);
   waited_ = 0;
   settlePending();  // normally nothing: a pass that threw may have left its prefetch
-  // Stage 1: the step accumulates from zero. Zeroed here, not after the update: between the
-  // reduce-scatter and the all-gather every rank waits for the slowest one's update, and zeroing
-  // all psi gradients there would be the slowest device's work too, whatever its shard.
-  if (std::exchange(gradientsSpent_, false)) flatGradient_.zero_();
+  // Stage 1: the step's first backward allocates the gradients anew.
+  if (stage_ == 1)
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   if (stage_ == 3)
     for (int64_t round = std::max<int64_t>(mine, 1); round < most; ++round) idleRound(false);
 }
@@ -409,30 +408,50 @@ torch::Tensor ZeroParallel::shardParameters() const {
   return stage_ == 3 ? shardParams_ : flat_.narrow(0, shard_.begin, shard_.size());
 }
 
-torch::Tensor ZeroParallel::shardGradients() const {
-  return stage_ == 1 ? flatGradient_.narrow(0, shard_.begin, shard_.size()) : shardGradient_;
+std::vector<ZeroParallel::GradientPiece> ZeroParallel::gradientPieces(FlatRange range) const {
+  const FlatRange mine = intersect(shard_, range);
+  if (mine.size() == 0) return {};
+  if (stage_ > 1) return {{mine, floats(shardGradient_, mine.begin - shard_.begin)}};
+  std::vector<GradientPiece> pieces;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const FlatRange t = layout_.tensor(k), piece = intersect(mine, t);
+    if (piece.size() == 0) continue;
+    const torch::Tensor& grad = params_[k].grad();
+    HETRA_ENFORCE(grad.defined() && grad.is_contiguous(), "parameter ", k,
+                  " has no reduced gradient to update with");
+    pieces.push_back({piece, grad.data_ptr<float>() + (piece.begin - t.begin)});
+  }
+  return pieces;
+}
+
+void ZeroParallel::releaseGradients() {
+  if (stage_ == 1)
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
 }
 
 double ZeroParallel::updateShard(double lr, double gradClip) {
   torch::NoGradGuard noGrad;
-  const torch::Tensor grads = shardGradients();
+  const auto pieces = gradientPieces(shard_);
   double norm = 0;
   if (gradClip > 0) {
     // The norm over every rank's shard, as LibTorch's clip_grad_norm_ scales: by
     // gradClip / (norm + 1e-6) when that is below 1.
     double squares = 0;
-    const float* g = floats(grads);
-    for (int64_t i = 0; i < grads.numel(); ++i) squares += double(g[i]) * double(g[i]);
+    for (const auto& [range, g] : pieces)
+      for (int64_t i = 0; i < range.size(); ++i) squares += double(g[i]) * double(g[i]);
     {
       device::ComputePause waiting;
       comm_->allreduce(&squares, &squares, 1, DType::F64, comm::ReduceOp::Sum)->wait();
     }
     norm = std::sqrt(squares);
-    const double coefficient = gradClip / (norm + 1e-6);
-    if (coefficient < 1) grads.mul_(coefficient);
+    const float coefficient = float(gradClip / (norm + 1e-6));
+    if (coefficient < 1)
+      for (const auto& [range, g] : pieces)
+        for (int64_t i = 0; i < range.size(); ++i) g[i] *= coefficient;
   }
-  update(lr);
-  gradientsSpent_ = stage_ == 1;
+  advanceStep();
+  for (const auto& piece : pieces) update(lr, piece);
+  releaseGradients();
   return norm;
 }
 
@@ -444,10 +463,13 @@ double ZeroParallel::shareParameters() {
   return secondsSince(start);
 }
 
-void ZeroParallel::update(double lr) {
-  const torch::Tensor params = shardParameters(), grads = shardGradients();
-  const int64_t n = params.numel();
-  ++steps_;
+void ZeroParallel::update(double lr, const GradientPiece& piece) {
+  const int64_t n = piece.range.size(), offset = piece.range.begin - shard_.begin;
+  if (n == 0) return;
+  const torch::Tensor params = shardParameters();
+  HETRA_ENFORCE(offset >= 0 && offset + n <= params.numel(), "update of ", n, " elements from ",
+                offset, " in a shard of ", params.numel());
+  auto at = [offset](const torch::Tensor& t) { return t.defined() ? floats(t, offset) : nullptr; };
   if (optimizer_.name == "sgd") {
     SgdUpdate u;
     u.lr = lr;
@@ -455,7 +477,7 @@ void ZeroParallel::update(double lr) {
     u.momentum = optimizer_.momentum;
     u.nesterov = optimizer_.nesterov;
     u.firstStep = steps_ == 1;
-    sgdUpdate(floats(params), floats(grads), state1_.defined() ? floats(state1_) : nullptr, n, u);
+    sgdUpdate(at(params), piece.gradients, at(state1_), n, u);
     return;
   }
   AdamUpdate u;
@@ -466,7 +488,51 @@ void ZeroParallel::update(double lr) {
   u.eps = optimizer_.eps;
   u.step = steps_;
   u.decoupled = optimizer_.name == "adamw";
-  adamUpdate(floats(params), floats(grads), floats(state1_), floats(state2_), n, u);
+  adamUpdate(at(params), piece.gradients, at(state1_), at(state2_), n, u);
+}
+
+OverlappedStep ZeroParallel::finishAndUpdate(double lr, const ComputeSegment& segment) {
+  HETRA_ENFORCE(overlapsUpdate(0), "the overlapped update is stage 1's");
+  torch::NoGradGuard noGrad;
+  if (!armed_) armLastBackward();  // no samples: zeros
+  for (size_t k = params_.size(); k-- > 0;)
+    if (!ready_[k]) onReady(k);  // unused, or no samples: what accumulated, or zeros
+  armed_ = false;
+  for (size_t k = 0; k < params_.size(); ++k)
+    HETRA_ENFORCE(reduced_[k], "the gradient of parameter ", k, " was never reduced");
+  OverlappedStep spent;
+  spent.waitedSeconds = waited_;
+  advanceStep();
+  // reducing_ holds one reduce-scatter per tensor in reverse flat order, the groups' order.
+  HETRA_ENFORCE_EQ(reducing_.size(), params_.size(), "one reduce-scatter per tensor");
+  for (const TensorGroup& group : groups_) {
+    {
+      const auto start = Clock::now();
+      for (size_t k = group.firstTensor; k < group.endTensor; ++k) {
+        auto& work = reducing_[params_.size() - 1 - k];
+        work->wait();  // on failure the rest stay in flight: settlePending waits for them
+        work.reset();
+      }
+      spent.waitedSeconds += secondsSince(start);
+    }
+    const FlatRange range = group.range, piece = intersect(shard_, range);
+    spent.updateSeconds += segment([&] {
+      for (const auto& p : gradientPieces(range)) update(lr, p);
+    });
+    gathering_.push_back(comm_->allgather(floats(flat_, piece.size() > 0 ? piece.begin : 0),
+                                          floats(flat_, range.begin), layout_.countsOf(range),
+                                          DType::F32));
+  }
+  reducing_.clear();
+  releaseGradients();
+  const auto start = Clock::now();
+  for (auto& work : gathering_) {
+    work->wait();
+    work.reset();
+  }
+  gathering_.clear();
+  spent.waitedSeconds += secondsSince(start);
+  return spent;
 }
 
 void ZeroParallel::forwardWithoutSamples() {

@@ -1,12 +1,15 @@
 // ZeroParallel: ZeRO stages 1, 2 and 3 over one flat float32 parameter space in uneven shards
 // (train/zero_layout.h), the sharded counterpart of DataParallel (docs/zero.md).
 //
-//   stage 1  every rank keeps all parameters and a flat gradient buffer that the parameters'
-//            .grad are views of; in the step's last backward each tensor's gradient is
+//   stage 1  every rank keeps all parameters (in one flat buffer) and, during a step, all
+//            gradients (autograd's own, allocated by the step's first backward as data
+//            parallelism's); in the step's last backward each tensor's gradient is
 //            reduce-scattered in place, asynchronously, as soon as autograd has accumulated it
 //            and those after it in flat order (finish() waits), each rank updates its own shard
 //            with the one-pass optimizer loops (train/fused_optim.h), keeping optimizer state for
-//            its shard only, and the parameters are all-gathered in place.
+//            its shard only, and the parameters are all-gathered in place. finishAndUpdate
+//            updates and all-gathers *groups* of tensors (runs of consecutive tensors in reverse
+//            flat order, ZeroOptions::groupElements) as soon as each group's reduce-scatters end.
 //   stage 2  the same, but a rank keeps gradients for its shard only: in the step's last
 //            backward each tensor's gradient is reduce-scattered into the shard as soon as
 //            autograd has accumulated it, and freed.
@@ -52,6 +55,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -82,6 +86,20 @@ struct ZeroOptions {
   // "communication".
   bool errorFeedback = false;
   bool prefetch = true;  // stage 3: gather the next block while one runs
+  // Stage 1's overlapped step (finishAndUpdate): consecutive tensors, in reverse flat order
+  // (backward's), are updated and all-gathered together until a group holds at least this many
+  // elements (train/zero_layout.h tensorGroups). Alike on every rank: the groups are collectives.
+  int64_t groupElements = kTensorGroupElements;
+};
+
+// Runs `work` as one compute segment of this rank's device (device/compute_scope.h: an emulated
+// device sleeps its slowdown's share after it, before the next collective is issued) and returns
+// the seconds the device computed.
+using ComputeSegment = std::function<double(const std::function<void()>& work)>;
+
+// What finishAndUpdate spent: waiting for communication, and computing the update.
+struct OverlappedStep {
+  double waitedSeconds = 0, updateSeconds = 0;
 };
 
 // The trainable parameters of `model` in flat order: a BlockModel's block by block (each once),
@@ -127,9 +145,19 @@ class ZeroParallel : private BlockHooks {
     shareParameters();
     return norm;
   }
+  // Stage 1 without clipping (nothing needs the whole gradient before the update): finish(),
+  // updateShard(lr, 0) and shareParameters() overlapped. The reduce-scatters issued during
+  // backward end in issue order; as soon as a group's has (ZeroOptions::groupElements),
+  // this rank updates its piece of the group, as a compute segment of its own (`segment`), and
+  // issues the group's all-gather, while the next groups' reduce-scatters still run. Returns
+  // when every all-gather has ended. The same updates, element for element, as the sequential
+  // calls: the parameters end bitwise alike.
+  OverlappedStep finishAndUpdate(double lr, const ComputeSegment& segment);
+  // Whether finishAndUpdate can run this step.
+  bool overlapsUpdate(double gradClip) const { return stage_ == 1 && gradClip <= 0; }
   // Stage 3: every block gathered and freed, as a forward of a rank with samples does.
   void forwardWithoutSamples();
-  // Error-feedback floats this rank keeps (every tensor's residual together).
+  // Error-feedback floats this rank keeps (every reduce-scatter's residual together).
   int64_t residualElements() const;
   // Every parameter's current value, in flat order (a collective under stage 3).
   std::vector<torch::Tensor> gatherParameters();
@@ -179,7 +207,8 @@ class ZeroParallel : private BlockHooks {
   void settlePending() noexcept;
   void idleRound(bool last);
   // Issues the reduce-scatter of `gradient` (tensor k's whole gradient, contiguous) into the
-  // shard's part of k; `gradient`'s storage must live until it completes.
+  // shard's part of k: stage 1's in place, in `gradient`; `gradient`'s storage must live until it
+  // completes.
   comm::WorkPtr issueReduce(size_t k, const torch::Tensor& gradient);
   // issueReduce, waited for.
   void reduceIntoShard(size_t k, const torch::Tensor& gradient);
@@ -187,8 +216,20 @@ class ZeroParallel : private BlockHooks {
   void awaitReduces();
   void onReady(size_t k);
   torch::Tensor shardParameters() const;
-  torch::Tensor shardGradients() const;
-  void update(double lr);
+  // A contiguous range of this rank's shard and where its reduced gradients are: stage 1's in
+  // each tensor's .grad, the others' in shardGradient_.
+  struct GradientPiece {
+    FlatRange range;
+    float* gradients;
+  };
+  // The pieces of the shard's part of `range`, in flat order, after its reduce-scatters ended.
+  std::vector<GradientPiece> gradientPieces(FlatRange range) const;
+  // Stage 1: the gradients were used; the next backward allocates them anew.
+  void releaseGradients();
+  // The one-pass optimizer over one piece; one optimizer step is one or more calls after one
+  // advanceStep().
+  void advanceStep() { ++steps_; }
+  void update(double lr, const GradientPiece& piece);
 
   std::shared_ptr<Model> model_;
   BlockModel* blocks_ = nullptr;  // model_ as a BlockModel, or nullptr
@@ -201,7 +242,6 @@ class ZeroParallel : private BlockHooks {
   ShardLayout layout_;
   FlatRange shard_;
   torch::Tensor flat_;           // stages 1, 2: every parameter; they are views of it
-  torch::Tensor flatGradient_;   // stage 1: every gradient; the .grad are views of it
   torch::Tensor shardGradient_;  // stages 2, 3
   torch::Tensor shardParams_;    // stage 3
   // Stage 3: per block, its flat range, its tensors (indices into params_) and the buffer they
@@ -224,8 +264,11 @@ class ZeroParallel : private BlockHooks {
   // Stage 1: the last backward's reduce-scatters, issued in flat reverse order, in flight until
   // finish() (stage 2 waits for each before it frees the tensor's gradient).
   std::vector<comm::WorkPtr> reducing_;
+  // Stage 1: the groups of tensors updated and all-gathered together, in backward's order; the
+  // overlapped step's all-gathers while in flight.
+  std::vector<TensorGroup> groups_;
+  std::vector<comm::WorkPtr> gathering_;
   bool armed_ = false;
-  bool gradientsSpent_ = false;  // stage 1: the update used flatGradient_; beginStep zeroes it
   double waited_ = 0;
 };
 

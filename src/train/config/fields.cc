@@ -256,6 +256,9 @@ const Fields<ZeroConfig>& zeroFields() {
       boolField("follow_speed", &Z::followSpeed,
                 "shards = \"memory\": re-size the shards by each device's measured optimizer "
                 "speed, never past what its memory plan gives it"),
+      boolField("overlap_update", &Z::overlapUpdate,
+                "stage 1 without clipping: update and all-gather each group of tensors as soon "
+                "as its gradients are reduce-scattered, while the rest still are"),
   };
   return fields;
 }
