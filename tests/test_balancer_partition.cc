@@ -1,7 +1,8 @@
 // The pipeline partitioner on synthetic per-block costs: the balanced partition is optimal against
 // an enumeration of every partition priced by the test's own reckoning of a 1F1B step, never has
 // an empty stage, keeps every stage within its device's memory, and wins the cases an even split
-// gets wrong (a heavy head, unequal devices: the issue's worked example).
+// gets wrong (a heavy head, unequal devices: the issue's worked example). The tensor split of a
+// layer's units by speed is optimal against an enumeration of every split too.
 #include <algorithm>
 #include <functional>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "balance/pipeline_partition.h"
+#include "balance/tensor_split.h"
 #include "common/errors.h"
 
 namespace hetra::balance {
@@ -237,6 +239,66 @@ TEST(PipelinePartition, UnknownModeNamesTheKeyAndTheChoices) {
     EXPECT_NE(std::string(e.what()).find("parallel.partition = \"uniform\""), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("balanced, even"), std::string::npos);
   }
+}
+
+// ---- The tensor split ---------------------------------------------------------------------------
+
+// The least max_i units_i / speed_i over every split of `units` with at least `atLeast` each,
+// enumerated.
+double bruteForceSlowest(int64_t units, const std::vector<double>& speeds, int64_t atLeast) {
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int64_t> split(speeds.size(), atLeast);
+  std::function<void(size_t, int64_t)> place = [&](size_t i, int64_t left) {
+    if (i + 1 == speeds.size()) {
+      split[i] = left;
+      double slowest = 0;
+      for (size_t j = 0; j < speeds.size(); ++j)
+        slowest = std::max(slowest, double(split[j]) / speeds[j]);
+      best = std::min(best, slowest);
+      return;
+    }
+    for (int64_t u = atLeast; u <= left - atLeast * int64_t(speeds.size() - i - 1); ++u) {
+      split[i] = u;
+      place(i + 1, left - u);
+    }
+  };
+  place(0, units);
+  return best;
+}
+
+TEST(TensorSplit, BySpeedIsOptimalAgainstEverySplitOnRandomCases) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<double> speed(0.1, 1.0);
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t devices = 1 + size_t(trial % 4);
+    const int64_t atLeast = trial % 3 == 0 ? 0 : 1;
+    const int64_t units = int64_t(devices) * atLeast + int64_t(rng() % 10);
+    std::vector<double> speeds;
+    for (size_t i = 0; i < devices; ++i) speeds.push_back(speed(rng));
+    const auto split = splitUnitsBySpeed(units, speeds, atLeast);
+    ASSERT_EQ(split.size(), devices);
+    int64_t total = 0;
+    double slowest = 0;
+    for (size_t i = 0; i < devices; ++i) {
+      EXPECT_GE(split[i], atLeast) << "trial " << trial;
+      total += split[i];
+      slowest = std::max(slowest, double(split[i]) / speeds[i]);
+    }
+    EXPECT_EQ(total, units) << "trial " << trial;
+    EXPECT_NEAR(slowest, bruteForceSlowest(units, speeds, atLeast), 1e-12) << "trial " << trial;
+  }
+}
+
+TEST(TensorSplit, TheIssuesExampleAndTheEvenSplit) {
+  // 6 heads on speeds 1 : 1/2 (the issue's example): 4 and 2, each taking 4 head-times.
+  EXPECT_EQ(splitUnitsBySpeed(6, {1.0, 0.5}), (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(splitUnitsEvenly(7, 3), (std::vector<int64_t>{3, 2, 2}));
+}
+
+TEST(TensorSplit, TooFewUnitsOrABadSpeedIsAConfigError) {
+  EXPECT_THROW(splitUnitsBySpeed(2, {1, 1, 1}), ConfigError);
+  EXPECT_THROW(splitUnitsBySpeed(4, {1, 0}), ConfigError);
+  EXPECT_THROW(splitUnitsBySpeed(4, {}), ConfigError);
 }
 
 }  // namespace
