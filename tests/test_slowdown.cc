@@ -203,6 +203,33 @@ TEST(ComputeScope, ComputingSecondsAreTheWorkAtTheSlowdownWithoutPauses) {
   EXPECT_NEAR(full.computingSeconds(), 0.004, 1e-12);
 }
 
+// A tensor-parallel layer communicates in the middle of its segment: the device sleeps what the
+// work so far owes before it (settleOpenSegment), the pause after it is left out, and the end
+// sleeps for the work since; the computing seconds add up over the pieces.
+TEST(ComputeScope, ASettledSegmentSleepsBeforeItsCommunicationAndGoesOn) {
+  ManualClocks time;
+  const ComputeClocks clocks = time.clocks();
+  LateSleep sleep;
+  SlowdownEmulator emulator(sleep.fn());
+  EXPECT_EQ(settleOpenSegment(), 0.0);  // no segment open: nothing
+  ComputeScope segment(emulator, 3.0, clocks);
+  time.wall += 0.002;  // 2 ms of work
+  time.work += 0.002;
+  EXPECT_NEAR(settleOpenSegment(), 0.004, 1e-12);  // 3 x 2 ms - 2 ms, before the allreduce
+  ASSERT_EQ(sleep.requests.size(), 1u);
+  {
+    ComputePause allreduce;
+    time.wall += 0.010;
+    time.work += 0.003;
+  }
+  time.wall += 0.001;  // 1 ms more work
+  time.work += 0.001;
+  EXPECT_NEAR(segment.end(), 0.002, 1e-12);  // only the work since the settle
+  ASSERT_EQ(sleep.requests.size(), 2u);
+  EXPECT_NEAR(segment.computingSeconds(), 0.009, 1e-12);  // 3 x (2 + 1) ms
+  EXPECT_EQ(settleOpenSegment(), 0.0);                    // ended: nothing open any more
+}
+
 // A pause outside any segment changes nothing, nor does one in a segment that has ended; the next
 // segment starts with nothing paused.
 TEST(ComputeScope, APauseOutsideASegmentChangesNothing) {

@@ -2,7 +2,9 @@
 // ranks (threads on the shared-memory transport), and the transformer split over T = 2 and 3 ranks,
 // unevenly by speed and evenly, trained for 20 steps against one process training the whole model
 // on the same batches: the same losses and parameters to 1e-5, the replicated parameters bitwise
-// alike on every rank.
+// alike on every rank. Then `hetra run`'s loop with [parallel] tensor: one replica of three
+// devices, and two replicas of two (tensor x data parallelism) train as one device does; what it
+// cannot run is refused by name.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +19,7 @@
 #include "train/models.h"
 #include "train/optim.h"
 #include "train/tensor_parallel.h"
+#include "train/trainer.h"
 
 namespace hetra::train {
 namespace {
@@ -219,6 +222,109 @@ TEST(TensorParallel, SplitsItCannotRunAreRefusedByName) {
     EXPECT_THROW(TensorParallelTransformer(smallTransformer(), {{2, 2, 2}, {16, 16, 16}}, comm),
                  ConfigError);
   });
+}
+
+// ---- hetra run's loop ---------------------------------------------------------------------------
+
+const char* kRunConfig = R"(
+[model]
+name = "transformer"
+layers = 2
+dim = 24
+heads = 6
+seq_len = 4
+[data]
+name = "synthetic"
+samples = 512
+test_samples = 61
+features = 24
+classes = 5
+[train]
+global_batch = 21
+steps = 12
+optimizer = "adam"
+lr = 0.01
+log_every = 0
+eval_every = 0
+)";
+
+RunConfig runConfig(int devices, const std::vector<std::string>& sets) {
+  std::string text = kRunConfig;
+  for (int d = 0; d < devices; ++d) text += "[[devices]]\nname = \"d" + std::to_string(d) + "\"\n";
+  return parseConfig(text, "tensor-test", sets);
+}
+
+std::vector<TrainResult> trainOn(const RunConfig& config) {
+  const int ranks = int(config.devices.size());
+  std::vector<TrainResult> out(static_cast<size_t>(ranks));
+  auto store = std::make_shared<store::MemoryStore>();
+  test::runRanks(ranks, [&](int rank) {
+    out[size_t(rank)] = train(config, group(store, rank, ranks), TrainerOptions{});
+  });
+  return out;
+}
+
+void expectLikeOneDevice(const std::vector<TrainResult>& results, const TrainResult& one,
+                         const std::string& what) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_NEAR(results[r].lastLoss, one.lastLoss, 1e-5 * std::abs(one.lastLoss))
+        << what << ": rank " << r;
+    EXPECT_NEAR(results[r].testLoss, one.testLoss, 1e-5 * std::abs(one.testLoss))
+        << what << ": rank " << r;
+    EXPECT_EQ(results[r].testAccuracy, one.testAccuracy) << what << ": rank " << r;
+    EXPECT_EQ(results[r].steps, one.steps) << what << ": rank " << r;
+  }
+}
+
+// Three devices of speeds 1, 1/2 and 1/4 (emulated) in one tensor group, split by their measured
+// speeds: the first device takes the most heads; the run trains as one device does.
+TEST(TensorParallelRun, OneReplicaOfThreeDevicesTrainsAsOneDevice) {
+  torch::set_num_threads(1);
+  const auto one = trainOn(runConfig(1, {}));
+  ASSERT_GT(one[0].testLoss, 0);
+  const auto split =
+      trainOn(runConfig(3, {"parallel.tensor=3", "devices.1.slowdown=2", "devices.2.slowdown=4"}));
+  expectLikeOneDevice(split, one[0], "tensor = 3, split by speed");
+  const auto even = trainOn(runConfig(3, {"parallel.tensor=3", "parallel.tensor_split=even"}));
+  expectLikeOneDevice(even, one[0], "tensor = 3, even");
+}
+
+// Two replicas of two devices: the balancer splits the global batch over the replicas, each
+// replica's two ranks take the same share, and the gradients of each slice are all-reduced
+// between the replicas.
+TEST(TensorParallelRun, TwoReplicasOfTwoDevicesTrainAsOneDevice) {
+  torch::set_num_threads(1);
+  const auto one = trainOn(runConfig(1, {}));
+  const auto split =
+      trainOn(runConfig(4, {"parallel.tensor=2", "devices.2.slowdown=2", "devices.3.slowdown=2"}));
+  expectLikeOneDevice(split, one[0], "tensor = 2 x 2 replicas");
+}
+
+TEST(TensorParallelRun, ConfigsItCannotRunAreRefusedByName) {
+  auto message = [](int devices, const std::vector<std::string>& sets) {
+    try {
+      runConfig(devices, sets);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(2, {"parallel.tensor=2", "model.name=mlp"}).find("parallel.tensor"),
+            std::string::npos);
+  EXPECT_NE(message(3, {"parallel.tensor=2"}).find("must divide the number of devices (3)"),
+            std::string::npos);
+  EXPECT_NE(message(7, {"parallel.tensor=7"}).find("model.heads = 6"), std::string::npos);
+  EXPECT_NE(
+      message(4, {"parallel.tensor=4", "parallel.tensor_split=even"}).find("parallel.tensor_split"),
+      std::string::npos);
+  EXPECT_NE(message(2, {"parallel.tensor=2", "parallel.pipeline=2"}).find("parallel.pipeline"),
+            std::string::npos);
+  EXPECT_NE(message(2, {"parallel.tensor=2", "zero.stage=1"}).find("zero.stage"),
+            std::string::npos);
+  EXPECT_NE(
+      message(2, {"parallel.tensor=2", "devices.1.memory=\"64MiB\""}).find("devices[1].memory"),
+      std::string::npos);
+  EXPECT_NO_THROW(runConfig(4, {"parallel.tensor=2"}));
 }
 
 }  // namespace

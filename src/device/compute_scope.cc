@@ -54,13 +54,30 @@ double ComputeScope::end() {
   if (ended_) return 0;
   ended_ = true;
   tOpenSegment = enclosing_;
+  return sleepOwed();
+}
+
+double ComputeScope::settle() {
+  if (ended_) return 0;
+  const double slept = sleepOwed();
+  wallStart_ = clocks_.wall();
+  workStart_ = clocks_.work();
+  pausedWall_ = pausedWork_ = 0;
+  return slept;
+}
+
+double ComputeScope::sleepOwed() {
   timeline::Span sleep(timeline::Lane::Compute, "emulation", "slowdown sleep");
   sleep.arg("slowdown", slowdown_);
   const double wall = clocks_.wall() - wallStart_ - pausedWall_;
   const double work = clocks_.work() - workStart_ - pausedWork_;
-  computing_ = SlowdownEmulator::emulatedSeconds(std::max(slowdown_, 1.0), std::max(wall, 0.0),
-                                                 std::max(work, 0.0));
+  computing_ += SlowdownEmulator::emulatedSeconds(std::max(slowdown_, 1.0), std::max(wall, 0.0),
+                                                  std::max(work, 0.0));
   return emulator_.endPhase(slowdown_, std::max(wall, 0.0), std::max(work, 0.0));
+}
+
+double settleOpenSegment() {
+  return tOpenSegment ? tOpenSegment->settle() : 0.0;
 }
 
 ComputePause::ComputePause() : segment_(tOpenSegment) {

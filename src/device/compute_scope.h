@@ -40,13 +40,20 @@ class ComputeScope {
 
   // Ends the segment now and returns the seconds slept; the destructor then does nothing.
   double end();
+  // The device is about to communicate in the middle of the segment (a tensor-parallel layer's
+  // allreduce): it sleeps what the work since the segment began, or since the last settle(), owes
+  // now, before the communication, and the segment goes on. Returns the seconds slept.
+  double settle();
   // After end(): the seconds the emulated device computed, without the pauses: its work at the
   // slowdown (SlowdownEmulator::emulatedSeconds), not what the sleep happened to take after a
-  // late wake-up or while repaying one (0 before).
+  // late wake-up or while repaying one (0 before; the pieces settled so far after settle()).
   double computingSeconds() const { return computing_; }
 
  private:
   friend class ComputePause;
+  friend double settleOpenSegment();
+  // Sleeps what the work since wallStart_ / workStart_ owes; adds it to computing_.
+  double sleepOwed();
   SlowdownEmulator& emulator_;
   double slowdown_;
   const ComputeClocks& clocks_;
@@ -57,6 +64,10 @@ class ComputeScope {
   int uncaught_;
   bool ended_ = false;
 };
+
+// The segment open on this thread (if any) settles (ComputeScope::settle): for code that
+// communicates inside a segment it did not open. Returns the seconds slept.
+double settleOpenSegment();
 
 // While alive, the segment open on this thread (if any) is not computing: a wait for peers.
 class ComputePause {

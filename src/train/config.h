@@ -167,11 +167,15 @@ struct LaunchConfig {
 };
 
 // Pipeline parallelism (train/pipeline/): the model's blocks in `pipeline` stages, stage i on
-// devices[i], `chunks` micro-batches per step through them (1F1B).
+// devices[i], `chunks` micro-batches per step through them (1F1B). Tensor parallelism
+// (train/tensor_parallel.h): the transformer's heads and MLP units split over `tensor` devices,
+// devices[j * tensor .. (j + 1) * tensor) forming replica j, the replicas data-parallel.
 struct ParallelConfig {
   int64_t pipeline = 1;                // stages; 1 = data parallelism over the devices
   std::string partition = "balanced";  // balanced (measured speeds and memory) | even
   int64_t chunks = 4;                  // micro-batches of a step ("micro_batch" names a size)
+  int64_t tensor = 1;                  // devices per tensor-parallel group; 1 = none
+  std::string tensorSplit = "speed";   // speed (measured at start) | even
   bool operator==(const ParallelConfig&) const = default;
 };
 

@@ -17,10 +17,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The sum over the group of every rank's `x`, in a new tensor (the emulated device idles while
-// it waits: device/compute_scope.h).
+// The sum over the group of every rank's `x`, in a new tensor.
 torch::Tensor allreduceSum(const torch::Tensor& x, comm::Communicator& group) {
   torch::Tensor sum = x.contiguous().clone();
+  // An emulated device's work since the segment began (or since the last allreduce) is stretched
+  // now, before it communicates (docs/benchmarks.md: "a tensor-parallel block between its
+  // allreduces" is a compute segment).
+  device::settleOpenSegment();
   device::ComputePause waiting;
   group
       .allreduce(sum.data_ptr<float>(), sum.data_ptr<float>(), size_t(sum.numel()), DType::F32,

@@ -26,6 +26,7 @@
 #include "train/sampler.h"
 #include "train/shard_follower.h"
 #include "train/specs.h"
+#include "train/tensor_parallel_trainer.h"
 #include "train/zero_parallel.h"
 #include "train/zero_plan.h"
 
@@ -138,7 +139,7 @@ class Run {
     startStep_ = resumed.step;
     if (resumed.dir.empty() && !zero_) parallel_->broadcastParameters();
     ReportOptions reportOptions;
-    reportOptions.enabled = device_.rank == 0;
+    reportOptions.enabled = device_.rank == 0 && options.report;
     reportOptions.metricsPath = options.metricsPath;
     reportOptions.appendMetrics = startStep_ > 0 || options.appendMetrics;
     reportOptions.progressBar = options.progressBar;
@@ -310,6 +311,8 @@ class Run {
       report = std::move(round_.report);
       report[kCommSeconds] += periodic_->average();
     }
+    if (options_.replicaGroup && options_.replicaGroup->size() > 1)
+      options_.replicaGroup->broadcast(report.data(), report.size(), DType::F64, 0)->wait();
     const double seconds = secondsSince(stepStart);
     shareTimings(step, plan, std::move(report));
     pending_->seconds = local ? secondsSince(std::exchange(round_, {}).start) : seconds;
@@ -556,7 +559,9 @@ class Run {
 
   RunHeader header() const {
     RunHeader h;
-    h.model = options_.makeModel ? "a custom model" : config_.model.name;
+    h.model = !options_.makeModel          ? config_.model.name
+              : options_.modelName.empty() ? std::string("a custom model")
+                                           : options_.modelName;
     h.data = trainData_->name();
     h.transport = comm_->transportName();
     h.balance = config_.balance.mode;
@@ -629,6 +634,13 @@ TrainResult train(const RunConfig& config, std::shared_ptr<comm::Communicator> c
   if (config.parallel.pipeline > 1) {
     globalBatchOf(config, {});  // refuses train.global_batch = 0, which validation refuses too
     return pipeline::train(config, std::move(comm), options);
+  }
+  if (config.parallel.tensor > 1) {
+    if (options.makeModel)
+      throw ConfigError(
+          "parallel.tensor splits the built-in transformer; a program's own model "
+          "(TrainerOptions::makeModel) is not split");
+    return trainTensorParallel(config, std::move(comm), options);
   }
   Run run(config, std::move(comm), options);
   return run.run();

@@ -37,6 +37,15 @@ struct TrainerOptions {
   // micro-batches (docs/memory.md), and checkModelFits does not apply.
   std::function<std::shared_ptr<Model>()> makeModel;
   std::function<std::shared_ptr<const Dataset>(bool train)> makeDataset;
+
+  // What the console and metrics call makeModel's model ("": "a custom model").
+  std::string modelName;
+  // false: this rank reports nothing (no console, no metrics), even as rank 0 of its group.
+  bool report = true;
+  // The ranks that compute one replica together (a tensor-parallel group, whose members run in
+  // different data-parallel groups): each step's report is made theirs alike (its rank 0's), so
+  // that every data-parallel group's balancer decides the same split.
+  std::shared_ptr<comm::Communicator> replicaGroup;
 };
 
 // The run's train and test sets: TrainerOptions::makeDataset's, else the config's [data].

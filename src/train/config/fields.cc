@@ -235,6 +235,11 @@ const Fields<ParallelConfig>& parallelFields() {
       choiceField("partition", &P::partition, {"balanced", "even"},
                   "balanced (measured block times and memory) | even (equal block counts)"),
       intField("chunks", &P::chunks, within(1, 1 << 20), "pipeline: micro-batches per step (1F1B)"),
+      intField("tensor", &P::tensor, within(1, 1 << 16),
+               "transformer: devices per tensor-parallel group (heads and MLP units split over "
+               "them; consecutive [[devices]], the groups data-parallel); 1 = none"),
+      choiceField("tensor_split", &P::tensorSplit, {"speed", "even"},
+                  "speed (heads and units by each device's speed, measured at start) | even"),
   };
   return fields;
 }

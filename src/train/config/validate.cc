@@ -293,6 +293,48 @@ void checkPipeline(const Check& check) {
   refuse(c.zero.stage > 0, "zero.stage", std::to_string(c.zero.stage));
 }
 
+// What tensor parallelism (train/tensor_parallel.h) runs today: the transformer, groups of
+// `tensor` consecutive devices as data-parallel replicas, every device at least one head; none of
+// the features that hold or save a whole model per device.
+void checkTensor(const Check& check) {
+  const RunConfig& c = check.c;
+  const int64_t t = c.parallel.tensor;
+  if (t == 1) return;
+  const std::string value = std::to_string(t);
+  const int64_t devices = int64_t(c.devices.size());
+  if (c.model.name != "transformer")
+    check.fail("parallel.tensor", value,
+               str("splits the transformer's attention heads and MLP units; model.name = ",
+                   quote(c.model.name), " has neither (use data or pipeline parallelism)"));
+  if (devices % t != 0)
+    check.fail("parallel.tensor", value,
+               str("must divide the number of devices (", devices,
+                   "): each group of that many consecutive devices is one replica"));
+  if (c.model.heads < t)
+    check.fail("parallel.tensor", value,
+               str("more devices than model.heads = ", c.model.heads, ": each needs a head"));
+  if (c.parallel.tensorSplit == "even" && c.model.heads % t != 0)
+    check.fail("parallel.tensor_split", quote(c.parallel.tensorSplit),
+               str("an even split needs model.heads = ", c.model.heads, " divisible by ", value));
+  const auto refuse = [&](bool set, const std::string& key, const std::string& v) {
+    if (set)
+      check.fail(key, v,
+                 "not supported with parallel.tensor > 1 yet (each device holds part of every "
+                 "layer)");
+  };
+  refuse(c.parallel.pipeline > 1, "parallel.pipeline", std::to_string(c.parallel.pipeline));
+  refuse(c.zero.stage > 0, "zero.stage", std::to_string(c.zero.stage));
+  refuse(c.train.gradClip > 0, "train.grad_clip", formatDouble(c.train.gradClip));
+  refuse(c.train.syncEvery > 1, "train.sync_every", std::to_string(c.train.syncEvery));
+  refuse(c.train.checkpointEvery > 0, "train.checkpoint_every",
+         std::to_string(c.train.checkpointEvery));
+  refuse(c.train.globalBatch == 0, "train.global_batch", "0");
+  refuse(c.elastic.maxRestarts > 0, "elastic.max_restarts", std::to_string(c.elastic.maxRestarts));
+  for (size_t i = 0; i < c.devices.size(); ++i)
+    refuse(c.devices[i].memoryBytes > 0, deviceKey(i, "memory"),
+           std::to_string(c.devices[i].memoryBytes));
+}
+
 // What sharded training (train/zero_parallel.h) does not do yet is refused here, by name, rather
 // than trained wrongly.
 void checkZero(const Check& check) {
@@ -340,6 +382,7 @@ std::vector<std::string> checkBetweenKeys(const RunConfig& config, const Capabil
   checkPeriodicSync(check);
   checkElastic(check);
   checkPipeline(check);
+  checkTensor(check);
   checkZero(check);
   return warnings;
 }
