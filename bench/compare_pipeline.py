@@ -29,8 +29,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_training import (ROOT, add_output_args, cell, locked, machine_facts, rerender, run,  # noqa: E402
-                              save_report)
+from compare_training import (ROOT, add_output_args, cell, output_dir, machine_facts, per_round, report_header,  # noqa: E402
+                              rerender, run_config_rounds, save_report)
 
 MODEL = """[model]
 name = "transformer"
@@ -122,37 +122,15 @@ def main():
     a = parse_args()
     if a.report:
         return rerender(a.report, render, not a.no_spread)
-    if not os.access(a.hetra, os.X_OK):
-        raise SystemExit(f"no hetra binary at {a.hetra} (ninja -C build hetra)")
-    out = a.out or os.path.join(ROOT, "bench", "out", "pipeline-" + time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out, exist_ok=True)
-    log(f"output in {out}")
+    out = output_dir(a, "pipeline", log)
     facts = machine_facts("/usr/bin/python3")
     started = time.monotonic()
     saved = {"command": "bench/compare_pipeline.sh " + shlex.join(sys.argv[1:]), "facts": facts,
              "rounds": a.rounds, "steps": a.steps, "chunks": a.chunks, "slowdowns": a.slowdowns,
-             "equal_slowdown": a.equal_slowdown, "results": {v: [None] * a.rounds for v in a.variants},
-             "failures": 0}
-    for v in a.variants:
-        slowdowns, partition = variant_config(a, v)
-        with open(os.path.join(out, f"{v}.toml"), "w") as f:
-            f.write(config_text(a, slowdowns, partition))
-    for rnd in range(a.rounds):
-        order = a.variants[rnd % len(a.variants):] + a.variants[:rnd % len(a.variants)]
-        for v in order:
-            stem = os.path.join(out, f"r{rnd}-{v}")
-            cmd = [a.hetra, "run", os.path.join(out, f"{v}.toml"), "--metrics", stem + ".jsonl"]
-            t0 = time.monotonic()
-            rc = run(locked(a, cmd), a.timeout, stem + ".log")
-            try:
-                if rc != 0:
-                    raise RuntimeError(f"exit status {rc}")
-                saved["results"][v][rnd] = result_of(stem + ".jsonl")
-                log(f"round {rnd + 1}/{a.rounds} {v}: {saved['results'][v][rnd]['samples_per_s']:.1f} samples/s "
-                    f"({time.monotonic() - t0:.0f}s)")
-            except (RuntimeError, OSError, ValueError, StopIteration, KeyError, IndexError) as e:
-                log(f"round {rnd + 1}/{a.rounds} {v}: FAILED ({e}); see {stem}.log")
-                saved["failures"] += 1
+             "equal_slowdown": a.equal_slowdown}
+    configs = {v: config_text(a, *variant_config(a, v)) for v in a.variants}
+    saved["results"], saved["failures"] = run_config_rounds(a, out, configs, lambda stem: result_of(stem + ".jsonl"),
+                                                            log)
     facts["elapsed_s"] = round(time.monotonic() - started)
     save_report(out, saved, render, not a.no_spread)
     return 1 if saved["failures"] else 0
@@ -167,19 +145,10 @@ def render(saved, spread):
     res, rounds, m = saved["results"], saved["rounds"], saved["chunks"]
 
     def vals(fn):
-        out = []
-        for r in range(rounds):
-            try:
-                out.append(fn(r))
-            except (TypeError, KeyError, ZeroDivisionError):
-                pass
-        return out
+        return per_round(saved, fn)
 
-    f = saved["facts"]
     slow = ", ".join(f"{s:g}" for s in saved["slowdowns"])
-    lines = [f"Command: `{saved['command']}`  ",
-             f"Date: {f['date']}; machine: nproc {f['nproc']} ({f['affinity']} usable), {f['cpu']}; "
-             f"hetra {f.get('hetra_commit', '?')}; {f.get('elapsed_s', '?')} s in all.", "",
+    lines = report_header(saved) + [
              f"14-block transformer (12 layers, dim 128, 4 heads, seq_len 28) on Fashion-MNIST, Adam, global batch "
              f"512 in M = {m} chunks, {saved['steps']} steps a run, medians over the last two thirds; "
              f"{rounds} rounds, order rotated each round; ratios within a round, then the median (min-max).", "",

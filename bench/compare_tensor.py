@@ -23,8 +23,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_training import (ROOT, add_output_args, cell, hetra_result, locked, machine_facts, rerender, run,  # noqa: E402
-                              save_report, warmup_of)
+from compare_training import (ROOT, add_output_args, cell, output_dir, hetra_result, machine_facts, per_round,  # noqa: E402
+                              report_header, rerender, run_config_rounds, save_report, warmup_of)
 
 VARIANTS = ("speed", "even", "DP")
 
@@ -96,37 +96,17 @@ def main():
     a = parse_args()
     if a.report:
         return rerender(a.report, render, not a.no_spread)
-    if not os.access(a.hetra, os.X_OK):
-        raise SystemExit(f"no hetra binary at {a.hetra} (ninja -C build hetra)")
-    out = a.out or os.path.join(ROOT, "bench", "out", "tensor-" + time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out, exist_ok=True)
-    log(f"output in {out}")
+    out = output_dir(a, "tensor", log)
     facts = machine_facts("/usr/bin/python3")
     started = time.monotonic()
     saved = {"command": "bench/compare_tensor.sh " + shlex.join(sys.argv[1:]), "facts": facts, "rounds": a.rounds,
-             "steps": a.steps, "layers": a.layers, "global_batch": a.global_batch, "slowdowns": a.slowdowns,
-             "results": {v: [None] * a.rounds for v in a.variants}, "failures": 0}
-    for v in a.variants:
-        with open(os.path.join(out, f"{v}.toml"), "w") as f:
-            f.write(config_text(a, v))
+             "steps": a.steps, "layers": a.layers, "global_batch": a.global_batch, "slowdowns": a.slowdowns}
     warmup = warmup_of(a.steps, 5)
-    for rnd in range(a.rounds):
-        for v in a.variants[rnd % len(a.variants):] + a.variants[:rnd % len(a.variants)]:
-            stem = os.path.join(out, f"r{rnd}-{v}")
-            cmd = [a.hetra, "run", os.path.join(out, f"{v}.toml"), "--metrics", stem + ".jsonl"]
-            t0 = time.monotonic()
-            rc = run(locked(a, cmd), a.timeout, stem + ".log")
-            try:
-                if rc != 0:
-                    raise RuntimeError(f"exit status {rc}")
-                result = hetra_result(stem + ".jsonl", warmup)
-                result["heads"] = split_of(stem + ".log")
-                saved["results"][v][rnd] = result
-                log(f"round {rnd + 1}/{a.rounds} {v}: {result['samples_per_s']:.1f} samples/s "
-                    f"({time.monotonic() - t0:.0f}s)")
-            except (RuntimeError, OSError, ValueError, StopIteration, KeyError, IndexError) as e:
-                log(f"round {rnd + 1}/{a.rounds} {v}: FAILED ({e}); see {stem}.log")
-                saved["failures"] += 1
+
+    def parse(stem):
+        return dict(hetra_result(stem + ".jsonl", warmup), heads=split_of(stem + ".log"))
+    saved["results"], saved["failures"] = run_config_rounds(a, out, {v: config_text(a, v) for v in a.variants},
+                                                            parse, log)
     facts["elapsed_s"] = round(time.monotonic() - started)
     save_report(out, saved, render, not a.no_spread)
     return 1 if saved["failures"] else 0
@@ -136,19 +116,10 @@ def render(saved, spread):
     res, rounds = saved["results"], saved["rounds"]
 
     def vals(fn):
-        out = []
-        for r in range(rounds):
-            try:
-                out.append(fn(r))
-            except (TypeError, KeyError, ZeroDivisionError):
-                pass
-        return out
+        return per_round(saved, fn)
 
-    f = saved["facts"]
     slow = ", ".join(f"{s:g}" for s in saved["slowdowns"])
-    lines = [f"Command: `{saved['command']}`  ",
-             f"Date: {f['date']}; machine: nproc {f['nproc']} ({f['affinity']} usable), {f['cpu']}; "
-             f"hetra {f.get('hetra_commit', '?')}; {f.get('elapsed_s', '?')} s in all.", "",
+    lines = report_header(saved) + [
              f"Transformer ({saved['layers']} layers, dim 96, 6 heads, seq_len 28) on Fashion-MNIST, Adam, global batch "
              f"{saved['global_batch']}, devices of slowdowns {slow}; {saved['steps']} steps a run, {rounds} rounds, "
              "order rotated each round; ratios within a round, then the median (min-max).", "",

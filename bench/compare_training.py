@@ -316,6 +316,52 @@ def machine_facts(torch_python):
     return facts
 
 
+def output_dir(a, stem, log):
+    """OUT (a.out, else bench/out/<stem>-<time>), made, once the hetra binary is there to run."""
+    if not os.access(a.hetra, os.X_OK):
+        raise SystemExit(f"no hetra binary at {a.hetra} (ninja -C build hetra)")
+    out = a.out or os.path.join(ROOT, "bench", "out", stem + "-" + time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    log(f"output in {out}")
+    return out
+
+
+def run_config_rounds(a, out, configs, parse, log):
+    """Runs `hetra run` on each of `configs` ({variant: TOML text}, written to OUT/<variant>.toml) once per round
+    (a.rounds), in an order rotated each round, under `flock a.lock`, each with its metrics in OUT/r<round>-<variant>
+    .jsonl and its output in .log; parse(stem) reads a run's result (a dict with samples_per_s). Returns
+    ({variant: [result or None per round]}, failures)."""
+    variants = list(configs)
+    for v, text in configs.items():
+        with open(os.path.join(out, f"{v}.toml"), "w") as f:
+            f.write(text)
+    results, failures = {v: [None] * a.rounds for v in variants}, 0
+    for rnd in range(a.rounds):
+        for v in variants[rnd % len(variants):] + variants[:rnd % len(variants)]:
+            stem = os.path.join(out, f"r{rnd}-{v}")
+            cmd = [a.hetra, "run", os.path.join(out, f"{v}.toml"), "--metrics", stem + ".jsonl"]
+            t0 = time.monotonic()
+            rc = run(locked(a, cmd), a.timeout, stem + ".log")
+            try:
+                if rc != 0:
+                    raise RuntimeError(f"exit status {rc}")
+                results[v][rnd] = parse(stem)
+                log(f"round {rnd + 1}/{a.rounds} {v}: {results[v][rnd]['samples_per_s']:.1f} samples/s "
+                    f"({time.monotonic() - t0:.0f}s)")
+            except (RuntimeError, OSError, ValueError, StopIteration, KeyError, IndexError) as e:
+                log(f"round {rnd + 1}/{a.rounds} {v}: FAILED ({e}); see {stem}.log")
+                failures += 1
+    return results, failures
+
+
+def report_header(saved):
+    """The lines every report of this folder starts with: the command, the date, the machine, hetra's commit."""
+    f = saved["facts"]
+    return [f"Command: `{saved['command']}`  ",
+            f"Date: {f['date']}; machine: nproc {f['nproc']} ({f['affinity']} usable), {f['cpu']}; "
+            f"hetra {f.get('hetra_commit', '?')}; {f.get('elapsed_s', '?')} s in all.", ""]
+
+
 def rerender(directory, render, spread):
     """--report: prints render() of DIR/results.json; the exit status is 1 if any of its runs failed."""
     saved = json.load(open(os.path.join(directory, "results.json")))
