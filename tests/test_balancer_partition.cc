@@ -2,7 +2,9 @@
 // an enumeration of every partition priced by the test's own reckoning of a 1F1B step, never has
 // an empty stage, keeps every stage within its device's memory, and wins the cases an even split
 // gets wrong (a heavy head, unequal devices: the worked example). The tensor split of a
-// layer's units by speed is optimal against an enumeration of every split too.
+// layer's units by speed is optimal against an enumeration of every split too. The watch over a
+// running pipeline re-partitions once when a device slows down for good, to the optimum of the new
+// speeds, and never on stationary noise or a single outlier step.
 #include <algorithm>
 #include <functional>
 #include <limits>
@@ -11,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "balance/pipeline_partition.h"
+#include "balance/pipeline_rebalance.h"
 #include "balance/tensor_split.h"
 #include "common/errors.h"
 
@@ -264,6 +267,109 @@ double bruteForceSlowest(int64_t units, const std::vector<double>& speeds, int64
   };
   place(0, units);
   return best;
+}
+
+// ---- Re-partitioning a running pipeline --------------------------------------------------------
+
+// What stage position i measures in a step of `samples` (the profile's chunk size times chunks):
+// its blocks' true seconds (the profile's times `slowdowns[i]`) for that many samples, times noise.
+std::vector<double> measuredStages(const PipelineCosts& profile, const Partition& current,
+                                   const std::vector<double>& slowdowns, double samplesRatio,
+                                   const std::function<double()>& noise) {
+  std::vector<double> seconds;
+  for (int i = 0; i < current.stages(); ++i) {
+    double w = 0;
+    for (int64_t b = current.bounds[size_t(i)]; b < current.bounds[size_t(i) + 1]; ++b)
+      w += profile.seconds[size_t(i)][size_t(b)];
+    seconds.push_back(w * slowdowns[size_t(i)] * samplesRatio * noise());
+  }
+  return seconds;
+}
+
+TEST(PartitionWatch, StationaryNoiseAndAnOutlierStepNeverMoveBlocks) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> jitter(0.9, 1.1);
+  const PipelineCosts profile = equalBlocks({1.0, 0.5, 0.25}, 14, 8);
+  PartitionWatch watch(profile, 16, partitionBalanced(profile));
+  const auto start = watch.current().bounds;
+  const std::vector<int64_t> samples(3, 128);  // 8 chunks of the profiled 16
+  for (int64_t step = 0; step < 300; ++step) {
+    // Step 100: one stage takes 10 times longer once (a preempted step).
+    const double outlier = step == 100 ? 10.0 : 1.0;
+    auto seconds =
+        measuredStages(profile, watch.current(), {1, 1, 1}, 8.0, [&] { return jitter(rng); });
+    seconds[1] *= outlier;
+    EXPECT_FALSE(watch.observe(step, seconds, samples).has_value()) << "step " << step;
+  }
+  EXPECT_EQ(watch.current().bounds, start);
+}
+
+TEST(PartitionWatch, ADeviceThatSlowsDownForGoodMovesBlocksOnceToTheNewOptimum) {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> jitter(0.95, 1.05);
+  const PipelineCosts profile = equalBlocks({1.0, 0.5, 0.25}, 14, 8);
+  RepartitionOptions options;
+  PartitionWatch watch(profile, 16, partitionBalanced(profile), options);
+  // From step 30 on the first device runs 4 times slower than profiled.
+  const int64_t change = 30;
+  std::vector<double> slowdowns{1, 1, 1};
+  int changes = 0;
+  int64_t changedAt = -1;
+  for (int64_t step = 0; step < 200; ++step) {
+    if (step == change) slowdowns[0] = 4;
+    const auto seconds =
+        measuredStages(profile, watch.current(), slowdowns, 8.0, [&] { return jitter(rng); });
+    if (watch.observe(step, seconds, std::vector<int64_t>(3, 128))) {
+      ++changes;
+      changedAt = step;
+    }
+  }
+  EXPECT_EQ(changes, 1);
+  // Not before the imbalance persisted, and soon after.
+  EXPECT_GE(changedAt, change + options.persistSteps - 1);
+  EXPECT_LE(changedAt, change + 3 * options.persistSteps);
+  // The new partition's true step is within 3% of the optimum of the slowed costs, by the
+  // enumeration (the watch knows the slowdown only through +-5% noisy measurements).
+  PipelineCosts slowed = profile;
+  for (double& t : slowed.seconds[0]) t *= 4;
+  EXPECT_LE(referenceStep(slowed, sizesOf(watch.current())), 1.03 * bruteForce(slowed));
+  EXPECT_LT(watch.current().blocksOf(0), partitionBalanced(profile).blocksOf(0));
+  EXPECT_NEAR(watch.speedFactors()[0], 4.0, 0.25);
+}
+
+TEST(PartitionWatch, AProfileThatNeverFitsTheMeasurementsMovesBlocksLogarithmicallyOften) {
+  // Adversarial measurements: whichever stage holds the first block measures 3 times its
+  // profile, so every partition looks improvable. The gap between changes doubles: in 320 steps
+  // at most log2(320 / 10) + 1 = 6 changes, not one every 10 steps.
+  const PipelineCosts profile = equalBlocks({1.0, 1.0, 1.0}, 12, 4);
+  RepartitionOptions options;
+  PartitionWatch watch(profile, 10, partitionBalanced(profile), options);
+  std::vector<int64_t> at;
+  for (int64_t step = 0; step < 320; ++step) {
+    const auto seconds =
+        measuredStages(profile, watch.current(), {3, 1, 1}, 4.0, [] { return 1.0; });
+    if (watch.observe(step, seconds, std::vector<int64_t>(3, 40))) at.push_back(step);
+  }
+  EXPECT_GE(at.size(), 1u);
+  EXPECT_LE(at.size(), 6u);
+  for (size_t k = 1; k < at.size(); ++k)
+    EXPECT_GE(at[k] - at[k - 1], options.minStepsBetween << k) << "change " << k;
+}
+
+TEST(PartitionWatch, NoChangeBeforeMinStepsBetweenEvenWhenTheProfileWasWrong) {
+  // The profile said equal devices; the third is really 3 times slower from the first step.
+  const PipelineCosts profile = equalBlocks({1.0, 1.0, 1.0}, 9, 4);
+  RepartitionOptions options;
+  options.minStepsBetween = 12;
+  PartitionWatch watch(profile, 10, partitionBalanced(profile), options);
+  int64_t changedAt = -1;
+  for (int64_t step = 0; step < 40 && changedAt < 0; ++step) {
+    const auto seconds =
+        measuredStages(profile, watch.current(), {1, 1, 3}, 4.0, [] { return 1.0; });
+    if (watch.observe(step, seconds, std::vector<int64_t>(3, 40))) changedAt = step;
+  }
+  EXPECT_EQ(changedAt, options.minStepsBetween);
+  EXPECT_LT(watch.current().blocksOf(2), 3) << "the slow device keeps fewer than a third";
 }
 
 TEST(TensorSplit, BySpeedIsOptimalAgainstEverySplitOnRandomCases) {

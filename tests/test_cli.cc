@@ -436,6 +436,72 @@ TEST(Cli, RunTrainsThePipelineExample) {
   EXPECT_EQ(steps, 4);
   fs::remove_all(dir);
 }
+
+// The DP x PP example: two pipelines of two stages through hetra run's rank processes. Its
+// --print-config names each stage's devices in both pipelines and predicts each pipeline's step;
+// its steps split the batch between the pipelines and report, per device, the chunks and the
+// activation bytes in flight (counted: each rank is a process of its own) and the time spent
+// with the stage's replica.
+TEST(Cli, RunTrainsTheDataParallelPipelinesExample) {
+  const auto dir = tempDir("pipeline-replicas");
+  const std::string example = std::string(HETRA_SOURCE_DIR) + "/examples/pipeline_replicas.toml";
+  const auto printed = run(kHetra + " run " + example + " --print-config");
+  ASSERT_EQ(printed.status, 0) << printed.output;
+  EXPECT_NE(printed.output.find("#   stage 1 on mid1, slow1: blocks "), std::string::npos)
+      << printed.output;
+  EXPECT_NE(printed.output.find("#   each pipeline alone with the whole batch: "),
+            std::string::npos)
+      << printed.output;
+  EXPECT_EQ(printed.output.find("Predicted peak device memory"), std::string::npos)
+      << "data parallelism's memory prediction does not apply to a pipeline\n"
+      << printed.output;
+  const auto metrics = dir / "metrics.jsonl";
+  const auto r = run(kHetra + " run " + example +
+                     " --set train.steps=6 --set train.log_every=1 --set data.test_samples=64 " +
+                     "--set train.global_batch=64 --metrics " + metrics.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("2 pipelines of 2 stages as data-parallel replicas (zero.stage 1)"),
+            std::string::npos)
+      << r.output;
+  std::ifstream in(metrics);
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "pipeline_step") continue;
+    ++steps;
+    const auto shares = record["shares"].get<std::vector<int64_t>>();
+    ASSERT_EQ(shares.size(), 2u) << line;
+    EXPECT_EQ(shares[0] + shares[1], 64) << line;
+    ASSERT_EQ(record["stages"].size(), 4u) << line;
+    for (size_t i = 0; i < 4; ++i) {
+      const auto& stage = record["stages"][i];
+      EXPECT_EQ(stage["replica"].get<int>(), int(i / 2)) << line;
+      EXPECT_EQ(stage["stage"].get<int>(), int(i % 2)) << line;
+      if (shares[i / 2] == 0) continue;
+      // Stage 0 of two holds at most two chunks' activations, stage 1 one (4 chunks a step).
+      EXPECT_EQ(stage["chunks_in_flight"].get<int>(), i % 2 == 0 ? 2 : 1) << line;
+      EXPECT_GT(stage["activation_bytes"].get<int64_t>(), 0) << line;
+      EXPECT_GT(stage["bytes_sent"].get<int64_t>(), 0) << line;
+    }
+  }
+  EXPECT_EQ(steps, 6);
+  fs::remove_all(dir);
+}
+
+// Tensor parallelism's --print-config: the split of heads and MLP units and its predicted step
+// beside an even split's.
+TEST(Cli, PrintConfigShowsTheTensorSplit) {
+  const std::string example = std::string(HETRA_SOURCE_DIR) + "/examples/tensor_parallel.toml";
+  const auto printed = run(kHetra + " run " + example + " --print-config");
+  ASSERT_EQ(printed.status, 0) << printed.output;
+  EXPECT_NE(printed.output.find("# Tensor parallelism: 1 replica(s) of 2 devices"),
+            std::string::npos)
+      << printed.output;
+  EXPECT_NE(printed.output.find("heads 4/2, MLP units "), std::string::npos) << printed.output;
+  EXPECT_NE(printed.output.find("predicted compute of a replica's step"), std::string::npos)
+      << printed.output;
+}
 #endif
 
 }  // namespace

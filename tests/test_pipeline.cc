@@ -1,6 +1,8 @@
 // Pipeline parallelism (train/pipeline/): the 1F1B schedule cannot deadlock under send/receive
 // that complete only together; P = 2 and 3 stages on real ranks over the shared-memory transport
-// (threads) train exactly as one process running the same chunks; and a stage's process killed
+// (threads) train exactly as one process running the same chunks; several pipelines of different
+// speeds as data-parallel replicas (with ZeRO-1 over a stage's replicas) train as one process
+// within float rounding; and a stage's process killed
 // mid-step makes every other stage fail naming it instead of waiting for its deadline.
 #include <fcntl.h>
 #include <signal.h>
@@ -244,7 +246,10 @@ Reference singleProcess(const RunConfig& config) {
 // Trains the pipeline with one thread per stage over the shared-memory transport and compares
 // every step's loss and every trained block with the single process: bitwise, since every sum
 // runs in the same order (the chunks' gradients accumulate in chunk order on both sides).
-void expectSameAsOneProcess(const RunConfig& config, const std::string& name) {
+// `moves`, when given, receives the "pipeline" record the run started with, then its
+// "repartition" records.
+void expectSameAsOneProcess(const RunConfig& config, const std::string& name,
+                            std::vector<nlohmann::json>* moves = nullptr) {
   torch::set_num_threads(1);
   const int stages = int(config.parallel.pipeline);
   const auto dir = tempDir(name);
@@ -309,6 +314,10 @@ void expectSameAsOneProcess(const RunConfig& config, const std::string& name) {
     }
     EXPECT_EQ(holders, 1) << "block " << b;
   }
+  if (moves) {
+    *moves = records(metrics, "pipeline");
+    for (auto& r : records(metrics, "repartition")) moves->push_back(std::move(r));
+  }
   fs::remove_all(dir);
 }
 
@@ -346,6 +355,130 @@ TEST(Pipeline, ThreeStageTransformerEqualsOneProcess) {
       "transformer");
 }
 
+TEST(Pipeline, ADeviceSlowingDownMidRunGivesBlocksAwayAndStillEqualsOneProcess) {
+  // 6 blocks in 3 stages; the middle stage's device is profiled 4 times as fast as the others, so
+  // it starts with the most blocks, and runs 24 times slower from step 3 on. The watch
+  // (balance/pipeline_rebalance.h) sees the imbalance persist and moves blocks off it, with their
+  // parameters and momentum: the training stays bitwise the single process's.
+  const RunConfig config = pipelineConfig(
+      {"model.name=\"mlp\"", "model.hidden=[48, 48, 48, 48, 48]", "train.momentum=0.9",
+       "train.steps=30", "parallel.pipeline=3", "parallel.chunks=4",
+       "devices=[{name=\"stage0\",slowdown=4},{name=\"stage1\",slowdown_schedule=[[3, 24]]},"
+       "{name=\"stage2\",slowdown=4}]"});
+  std::vector<nlohmann::json> moves;
+  expectSameAsOneProcess(config, "repartition", &moves);
+  ASSERT_GE(moves.size(), 2u) << "no repartition record";
+  const int64_t middleAtStart = moves.front()["stages"][1]["blocks"].get<int64_t>();
+  ASSERT_GE(middleAtStart, 2) << "the fastest device should start with the most blocks";
+  const auto& last = moves.back();
+  EXPECT_LT(last["blocks"][1].get<int64_t>(), middleAtStart) << last.dump();
+  EXPECT_GE(last["step"].get<int64_t>(), 3 + 5) << "before the slowdown persisted: " << last.dump();
+  EXPECT_GT(last["speed_factors"][1].get<double>(), 3.0) << last.dump();
+}
+
+// ---- Several pipelines as data-parallel replicas (DP x PP) --------------------------------------
+
+double maxDifference(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+// Trains `config`'s pipelines with one thread per device and compares with the single process:
+// every step's loss and every trained block within 1e-5 (the replicas sum their gradients in
+// another order than one process's chunks), each block on exactly one stage of every pipeline
+// and bitwise alike there, the shares summing to the global batch. Returns the step records.
+std::vector<nlohmann::json> expectReplicasSameAsOneProcess(const RunConfig& config,
+                                                           const std::string& name) {
+  torch::set_num_threads(1);
+  const int world = int(config.devices.size()), stages = int(config.parallel.pipeline);
+  const int replicas = world / stages;
+  const auto dir = tempDir(name);
+  const fs::path metrics = dir / "metrics.jsonl";
+  auto store = std::make_shared<store::MemoryStore>();
+  std::vector<std::shared_ptr<BlockModel>> models(static_cast<size_t>(world));
+  test::runRanks(world, [&](int rank) {
+    comm::GroupOptions group;
+    group.timeout = Millis(60000);
+    group.transport = "shm";
+    auto comm = comm::Communicator::create(store, rank, world, group);
+    TrainerOptions options;
+    options.metricsPath = metrics.string();
+    options.makeModel = [&] {
+      auto data = makeDataset(dataSpecOf(config), true);
+      models[size_t(rank)] = blockModel(config, *data);
+      return std::shared_ptr<Model>(models[size_t(rank)]);
+    };
+    train(config, comm, options);
+  });
+  const Reference ref = singleProcess(config);
+  const auto steps = records(metrics, "pipeline_step");
+  EXPECT_EQ(steps.size(), ref.losses.size());
+  for (size_t s = 0; s < std::min(steps.size(), ref.losses.size()); ++s) {
+    EXPECT_NEAR(steps[s]["loss"].get<double>(), ref.losses[s], 1e-5) << "step " << s + 1;
+    EXPECT_EQ(steps[s]["stages"].size(), size_t(world));
+    const auto shares = steps[s]["shares"].get<std::vector<int64_t>>();
+    EXPECT_EQ(shares.size(), size_t(replicas));
+    int64_t sum = 0;
+    for (int64_t b : shares) sum += b;
+    EXPECT_EQ(sum, config.train.globalBatch) << "step " << s + 1;
+    for (const auto& stage : steps[s]["stages"])
+      EXPECT_LE(stage["chunks_in_flight"].get<int64_t>(),
+                std::min<int64_t>(stages - stage["stage"].get<int64_t>(), config.parallel.chunks));
+  }
+  const auto evals = records(metrics, "eval");
+  EXPECT_EQ(evals.size(), 1u);
+  if (!evals.empty()) {
+    EXPECT_NEAR(evals[0]["test_loss"].get<double>(), ref.testLoss, 1e-5);
+    EXPECT_NEAR(evals[0]["test_accuracy"].get<double>(), ref.testAccuracy, 1e-9);
+  }
+  for (size_t b = 0; b < ref.model->blockCount(); ++b) {
+    std::vector<int> holders;
+    for (int r = 0; r < world; ++r)
+      if (models[size_t(r)]->blockParameters(b).front().numel() > 0) holders.push_back(r);
+    EXPECT_EQ(holders.size(), size_t(replicas)) << "block " << b;
+    if (holders.empty()) continue;
+    for (int r : holders) {
+      EXPECT_EQ(r % stages, holders.front() % stages) << "block " << b << ": another stage";
+      const auto& params = models[size_t(r)]->blockParameters(b);
+      const auto& expected = ref.model->blockParameters(b);
+      const auto& first = models[size_t(holders.front())]->blockParameters(b);
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_LE(maxDifference(params[i], expected[i]), 1e-5)
+            << "block " << b << " parameter " << i << " on rank " << r;
+        EXPECT_TRUE(torch::equal(params[i], first[i]))
+            << "block " << b << " parameter " << i << ": replicas differ";
+      }
+    }
+  }
+  fs::remove_all(dir);
+  return steps;
+}
+
+TEST(PipelineReplicas, TwoPipelinesOfDifferentSpeedsEqualOneProcess) {
+  // 2 pipelines of 2 stages, the second 3 times slower: the balancer moves samples to the first
+  // (odd shares, 3 chunks each, uneven chunk sizes), and the training still equals one process.
+  const auto steps = expectReplicasSameAsOneProcess(
+      pipelineConfig({"model.name=\"mlp\"", "model.hidden=[24, 16]", "train.momentum=0.9",
+                      "parallel.pipeline=2", "parallel.chunks=3", "balance.profile_steps=2",
+                      "devices=[{name=\"a0\"},{name=\"a1\"},{name=\"b0\",slowdown=3},"
+                      "{name=\"b1\",slowdown=3}]"}),
+      "replicas-two");
+  ASSERT_FALSE(steps.empty());
+  const auto first = steps.front()["shares"].get<std::vector<int64_t>>();
+  const auto last = steps.back()["shares"].get<std::vector<int64_t>>();
+  EXPECT_EQ(first, (std::vector<int64_t>{15, 15}));  // the profile's equal split
+  EXPECT_GT(last[0], last[1]) << "the faster pipeline should end with more samples";
+}
+
+TEST(PipelineReplicas, ZeroOneOverThreePipelinesEqualsOneProcess) {
+  // 3 pipelines of 2 stages (6 ranks), adam with its state sharded over each stage's 3 replicas.
+  expectReplicasSameAsOneProcess(
+      pipelineConfig({"model.name=\"mlp\"", "model.hidden=[24, 16, 8]", "train.optimizer=\"adam\"",
+                      "train.lr=0.01", "parallel.pipeline=2", "parallel.chunks=2", "zero.stage=1",
+                      "devices=[{name=\"a0\"},{name=\"a1\"},{name=\"b0\",slowdown=2},"
+                      "{name=\"b1\",slowdown=2},{name=\"c0\"},{name=\"c1\"}]"}),
+      "replicas-zero");
+}
+
 TEST(Pipeline, ConfigRefusesWhatThePipelineCannotRun) {
   auto message = [](const std::vector<std::string>& sets) {
     try {
@@ -360,8 +493,16 @@ TEST(Pipeline, ConfigRefusesWhatThePipelineCannotRun) {
                 .find("parallel.pipeline = 3: more stages than the 2 blocks"),
             std::string::npos);
   EXPECT_NE(message({"parallel.pipeline=2", devices(3)})
-                .find("parallel.pipeline = 2: must equal the number of devices (3)"),
+                .find("parallel.pipeline = 2: must divide the number of devices (3)"),
             std::string::npos);
+  EXPECT_NE(message({"parallel.pipeline=2", "zero.stage=2", devices(4)})
+                .find("zero.stage = 2: with parallel.pipeline > 1, ZeRO shards"),
+            std::string::npos);
+  EXPECT_NE(
+      message({"parallel.pipeline=2", "zero.stage=1", "zero.offload=\"optimizer\"", devices(4)})
+          .find("zero.offload = \"optimizer\": not supported with parallel.pipeline > 1"),
+      std::string::npos);
+  EXPECT_EQ(message({"parallel.pipeline=2", "zero.stage=1", devices(4)}), "no error");
   EXPECT_NE(message({"parallel.pipeline=2", "parallel.chunks=31", devices(2)})
                 .find("parallel.chunks = 31: more chunks than train.global_batch = 30"),
             std::string::npos);

@@ -174,6 +174,7 @@ struct ParallelConfig {
   int64_t pipeline = 1;                // stages; 1 = data parallelism over the devices
   std::string partition = "balanced";  // balanced (measured speeds and memory) | even
   int64_t chunks = 4;                  // micro-batches of a step ("micro_batch" names a size)
+  bool repartition = true;             // balanced: re-partition on a persistent imbalance
   int64_t tensor = 1;                  // devices per tensor-parallel group; 1 = none
   std::string tensorSplit = "speed";   // speed (measured at start) | even
   bool operator==(const ParallelConfig&) const = default;

@@ -3,6 +3,9 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/types.h>
 #include "train/fused_optim.h"
 
@@ -24,6 +27,73 @@ void requireBelowOne(double value, const char* key) {
 }
 
 }  // namespace
+
+namespace {
+
+// LibTorch's key of a parameter's state (the optimizers' own: its TensorImpl's address).
+std::string stateKey(const torch::Tensor& param) {
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+}
+
+template <class AdamState>
+ParameterState adamStateOf(const AdamState& state) {
+  ParameterState out;
+  out.steps = state.step();
+  out.tensors = {state.exp_avg(), state.exp_avg_sq()};
+  if (state.max_exp_avg_sq().defined()) out.tensors.push_back(state.max_exp_avg_sq());
+  return out;
+}
+
+template <class AdamState>
+std::unique_ptr<AdamState> adamStateFrom(ParameterState state) {
+  if (state.tensors.size() < 2 || state.tensors.size() > 3)
+    throw ConfigError(str("an adam state of ", state.tensors.size(), " tensors (2 or 3 expected)"));
+  auto out = std::make_unique<AdamState>();
+  out->step(state.steps);
+  out->exp_avg(state.tensors[0]);
+  out->exp_avg_sq(state.tensors[1]);
+  if (state.tensors.size() == 3) out->max_exp_avg_sq(state.tensors[2]);
+  return out;
+}
+
+}  // namespace
+
+ParameterState parameterStateOf(torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
+  auto& states = optimizer.state();
+  const auto found = states.find(stateKey(param));
+  if (found == states.end()) return {};
+  const torch::optim::OptimizerParamState* state = found->second.get();
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+    ParameterState out;
+    if (sgd->momentum_buffer().defined()) out.tensors = {sgd->momentum_buffer()};
+    return out;
+  }
+  if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state))
+    return adamStateOf(*adam);
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state))
+    return adamStateOf(*adamw);
+  throw ConfigError("an optimizer state of a kind other than sgd, adam and adamw");
+}
+
+void setParameterState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                       ParameterState state) {
+  if (state.tensors.empty() && state.steps == 0) return;
+  std::unique_ptr<torch::optim::OptimizerParamState> made;
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer)) {
+    if (state.tensors.size() != 1)
+      throw ConfigError(str("an sgd state of ", state.tensors.size(), " tensors (1 expected)"));
+    auto sgd = std::make_unique<torch::optim::SGDParamState>();
+    sgd->momentum_buffer(state.tensors[0]);
+    made = std::move(sgd);
+  } else if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) {
+    made = adamStateFrom<torch::optim::AdamWParamState>(std::move(state));
+  } else if (dynamic_cast<torch::optim::Adam*>(&optimizer)) {
+    made = adamStateFrom<torch::optim::AdamParamState>(std::move(state));
+  } else {
+    throw ConfigError("an optimizer other than sgd, adam and adamw keeps no movable state");
+  }
+  optimizer.state()[stateKey(param)] = std::move(made);
+}
 
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(std::vector<torch::Tensor> params,
                                                        const OptimSpec& spec) {

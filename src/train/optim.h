@@ -49,6 +49,22 @@ class LrSchedule {
   LrScheduleSpec spec_;
 };
 
+// One parameter's optimizer state as plain tensors, to move the parameter to another rank (a
+// pipeline moving blocks between stages): sgd its momentum buffer, adam and adamw their two
+// moments (and amsgrad's maximum), each of the parameter's shape, with the steps taken. No
+// tensors before the parameter's first step (or for sgd without momentum).
+struct ParameterState {
+  int64_t steps = 0;
+  std::vector<torch::Tensor> tensors;
+};
+
+// What makeOptimizer's `optimizer` keeps for `param` (the state stays in the optimizer).
+ParameterState parameterStateOf(torch::optim::Optimizer& optimizer, const torch::Tensor& param);
+// Gives `param`, one of `optimizer`'s parameters, the state taken from another optimizer of the
+// same kind (nothing for an empty one). ConfigError for tensors the optimizer's kind does not keep.
+void setParameterState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                       ParameterState state);
+
 // Sets the learning rate of every parameter group.
 void applyLr(torch::optim::Optimizer& optimizer, double lr);
 

@@ -109,4 +109,45 @@ TrainResult trainTensorParallel(const RunConfig& config, std::shared_ptr<comm::C
   return train(inner, std::move(data), innerOptions);
 }
 
+std::string predictedTensorParallel(const RunConfig& config) {
+  const size_t t = size_t(config.parallel.tensor);
+  if (t <= 1) return "";
+  setComputeThreads(1);  // as a device of one thread; LibTorch's default takes every core here
+  const ModelSpec spec = modelSpecOf(config, datasetGeometry(config.data));
+  const size_t replicas = config.devices.size() / t;
+  const int64_t samples = std::max<int64_t>(1, config.train.globalBatch / int64_t(replicas));
+  DeviceConfig here;
+  here.threads = 1;
+  const double seconds = profileModelSeconds(spec, here, samples);
+  // The slowest device of each tensor rank over the replicas, as the run's split takes it.
+  std::vector<double> slowdowns(t, 0.0);
+  for (size_t r = 0; r < config.devices.size(); ++r)
+    slowdowns[r % t] = std::max(slowdowns[r % t], slowdownAt(config.devices[r], 0));
+  std::vector<double> speeds;
+  for (double s : slowdowns) speeds.push_back(1.0 / s);
+  const TensorSplit chosen = tensorSplitFor(spec, speeds, config.parallel.tensorSplit == "even");
+  const TensorSplit even = tensorSplitFor(spec, speeds, /*even=*/true);
+  // A device's part of the step: the whole model's time times its fraction of the heads, slowed.
+  const auto stepOf = [&](const TensorSplit& split) {
+    double step = 0;
+    for (size_t i = 0; i < t; ++i)
+      step = std::max(step, seconds * slowdowns[i] * double(split.heads[i]) / double(spec.heads));
+    return step;
+  };
+  const auto millis = [](double s) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f ms", 1e3 * s);
+    return std::string(text);
+  };
+  return str("# Tensor parallelism: ", replicas, " replica(s) of ", t,
+             " devices, parallel.tensor_split = \"", config.parallel.tensorSplit, "\": heads ",
+             listed(chosen.heads), ", MLP units ", listed(chosen.hidden), " per device\n",
+             "#   predicted compute of a replica's step (", samples,
+             " samples): ", millis(stepOf(chosen)), "; an even split (heads ", listed(even.heads),
+             "): ", millis(stepOf(even)), "\n",
+             "#   from the whole model's forward and backward on one thread of this host (",
+             millis(seconds), "), times each device's fraction of the heads and its slowdown; ",
+             "the replicated embedding and head and the layers' allreduces are not counted\n");
+}
+
 }  // namespace hetra::train

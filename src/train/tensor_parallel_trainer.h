@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "comm/communicator.h"
 #include "train/config.h"
@@ -28,6 +29,12 @@ namespace hetra::train {
 
 TrainResult trainTensorParallel(const RunConfig& config, std::shared_ptr<comm::Communicator> world,
                                 const TrainerOptions& options);
+
+// What `hetra run --print-config` says of tensor parallelism: the split of heads and MLP units
+// from each device's slowdown times a profile of the whole model on one thread of this host, and
+// the predicted compute time of a replica's step under it and under an even split, as TOML
+// comment lines. "" when parallel.tensor = 1.
+std::string predictedTensorParallel(const RunConfig& config);
 
 // The seconds this device takes for the whole model's forward and backward of `samples` samples,
 // as its compute segments count them (device/compute_scope.h): the median of three after a

@@ -29,6 +29,7 @@
 #include "train/global_batch.h"
 #include "train/pipeline/pipeline_trainer.h"
 #include "train/report.h"
+#include "train/tensor_parallel_trainer.h"
 #include "train/trainer.h"
 
 namespace hetra::cli {
@@ -117,8 +118,14 @@ int runTraining(const RunOptions& options, const std::vector<std::string>& argv)
     if (options.printConfig) {
       std::printf("%s", train::toToml(config).c_str());
       if (batch.fromMemory) std::printf("\n# global batch %s\n", batch.text.c_str());
-      std::printf("\n%s", train::predictedMemory(resolved).c_str());
-      std::printf("%s", train::pipeline::predictedPipeline(config).c_str());
+      // The memory prediction is data parallelism's (a whole model per device); a pipeline's
+      // lists each stage's bytes itself.
+      if (config.parallel.pipeline > 1)
+        std::printf("\n%s", train::pipeline::predictedPipeline(config).c_str());
+      else if (config.parallel.tensor > 1)
+        std::printf("\n%s", train::predictedTensorParallel(config).c_str());
+      else
+        std::printf("\n%s", train::predictedMemory(resolved).c_str());
       return 0;
     }
     for (const auto& warning : config.warnings)

@@ -231,10 +231,14 @@ const Fields<ParallelConfig>& parallelFields() {
   using P = ParallelConfig;
   static const Fields<P> fields = {
       intField("pipeline", &P::pipeline, within(1, 1 << 16),
-               "pipeline stages, one per device; 1 = data parallelism"),
+               "stages of each pipeline, one per device (devices / pipeline pipelines, "
+               "data-parallel); 1 = data parallelism"),
       choiceField("partition", &P::partition, {"balanced", "even"},
                   "balanced (measured block times and memory) | even (equal block counts)"),
       intField("chunks", &P::chunks, within(1, 1 << 20), "pipeline: micro-batches per step (1F1B)"),
+      boolField("repartition", &P::repartition,
+                "pipeline, balanced: move blocks between stages when a measured imbalance "
+                "persists (zero.stage = 0)"),
       intField("tensor", &P::tensor, within(1, 1 << 16),
                "transformer: devices per tensor-parallel group (heads and MLP units split over "
                "them; consecutive [[devices]], the groups data-parallel); 1 = none"),

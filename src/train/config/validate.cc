@@ -255,20 +255,21 @@ int64_t modelBlocks(const ModelConfig& m) {
   return m.layers + 2;
 }
 
-// What the pipeline runtime supports today (train/pipeline/): one pipeline over all devices, a
-// stage per device, each stage at least one block and each chunk at least one sample, and none
-// of the data-parallel features that assume a whole model per device.
+// What the pipeline runtime supports today (train/pipeline/): pipelines of `pipeline` devices,
+// as many as the devices make (several are data-parallel replicas), each stage at least one block
+// and each chunk at least one sample; ZeRO-1 over a stage's replicas; none of the data-parallel
+// features that assume a whole model per device.
 void checkPipeline(const Check& check) {
   const RunConfig& c = check.c;
   const int64_t stages = c.parallel.pipeline;
   if (stages == 1) return;
   const std::string value = std::to_string(stages);
   const int64_t devices = int64_t(c.devices.size());
-  if (stages != devices)
+  if (devices % stages != 0)
     check.fail("parallel.pipeline", value,
-               str("must equal the number of devices (", devices,
-                   ") for now: one stage per device; several pipelines as data-parallel "
-                   "replicas are not implemented yet"));
+               str("must divide the number of devices (", devices,
+                   "): each group of that many consecutive devices is one pipeline, the "
+                   "pipelines data-parallel replicas of each other"));
   const int64_t blocks = modelBlocks(c.model);
   if (blocks < stages)
     check.fail("parallel.pipeline", value,
@@ -278,6 +279,11 @@ void checkPipeline(const Check& check) {
     check.fail("parallel.chunks", std::to_string(c.parallel.chunks),
                str("more chunks than train.global_batch = ", c.train.globalBatch,
                    ": every chunk needs at least one sample"));
+  const int64_t pipelines = devices / stages;
+  if (pipelines > c.train.globalBatch)
+    check.fail("parallel.pipeline", value,
+               str(pipelines, " pipelines for train.global_batch = ", c.train.globalBatch,
+                   ": every pipeline needs at least one sample"));
   const auto refuse = [&](bool set, const std::string& key, const std::string& v) {
     if (set)
       check.fail(key, v,
@@ -290,7 +296,14 @@ void checkPipeline(const Check& check) {
          std::to_string(c.train.checkpointEvery));
   refuse(c.comm.compression != "none", "comm.compression", quote(c.comm.compression));
   refuse(c.elastic.maxRestarts > 0, "elastic.max_restarts", std::to_string(c.elastic.maxRestarts));
-  refuse(c.zero.stage > 0, "zero.stage", std::to_string(c.zero.stage));
+  if (c.zero.stage > 1)
+    check.fail("zero.stage", std::to_string(c.zero.stage),
+               "with parallel.pipeline > 1, ZeRO shards a stage's optimizer state over the "
+               "stage's replicas (zero.stage = 1); stages 2 and 3 are not supported there yet");
+  const auto offloads = [&](const std::string& v) { return !v.empty() && v != "none"; };
+  refuse(offloads(c.zero.offload), "zero.offload", quote(c.zero.offload));
+  for (size_t i = 0; i < c.devices.size(); ++i)
+    refuse(offloads(c.devices[i].offload), deviceKey(i, "offload"), quote(c.devices[i].offload));
 }
 
 // What tensor parallelism (train/tensor_parallel.h) runs today: the transformer, groups of

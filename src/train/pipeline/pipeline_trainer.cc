@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <tuple>
 
+#include "balance/balancer.h"
 #include "balance/pipeline_partition.h"
+#include "balance/pipeline_rebalance.h"
 #include "common/errors.h"
 #include "common/timeline.h"
 #include "device/memory_accounting.h"
@@ -17,9 +20,11 @@
 #include "train/pipeline/pipeline_report.h"
 #include "train/pipeline/profile.h"
 #include "train/pipeline/stage.h"
+#include "train/pipeline/stage_update.h"
 #include "train/rank_device.h"
 #include "train/sampler.h"
 #include "train/specs.h"
+#include "train/zero_layout.h"
 
 namespace hetra::train::pipeline {
 namespace {
@@ -27,21 +32,34 @@ namespace {
 // Rounds of the start-up profile; the fastest of them counts (the first warms the allocator).
 constexpr int kProfileRounds = 3;
 
-// What every stage reports about a step, all-gathered as float64.
-enum StatField { kLossSum, kStageSeconds, kStepSeconds, kBytesSent, kBytesReceived, kStatFields };
+// What every rank reports about a step, all-gathered as float64.
+enum StatField {
+  kLossSum,
+  kStageSeconds,
+  kStepSeconds,
+  kRunSeconds,
+  kUpdateCommSeconds,
+  kBytesSent,
+  kBytesReceived,
+  kChunksInFlight,
+  kActivationBytes,
+  kForwardBackwardSeconds,
+  kSamples,
+  kStatFields
+};
 
-// Chunk sizes of a step: `batch` samples in `chunks` parts as even as possible, the first ones
-// one larger where they do not divide.
+// Chunk sizes of a share: `batch` samples in `chunks` parts as even as possible, the first ones
+// one larger where they do not divide; fewer chunks than `chunks` where the share is smaller.
 std::vector<int64_t> chunkSizes(int64_t batch, int64_t chunks) {
+  chunks = std::min(chunks, batch);
   std::vector<int64_t> sizes;
   for (int64_t k = 0; k < chunks; ++k) sizes.push_back(batch / chunks + (k < batch % chunks));
   return sizes;
 }
 
-// The step's chunks in sampler order: the step's whole global batch, as one rank's share.
-std::vector<Batch> chunksOf(const Dataset& data, GlobalSampler& sampler, int64_t step,
+// The chunks of `indices`, in order.
+std::vector<Batch> chunksOf(const Dataset& data, const std::vector<int64_t>& indices,
                             const std::vector<int64_t>& sizes) {
-  const auto indices = sampler.indices(step, {sampler.globalBatch()}, 0);
   std::vector<Batch> chunks;
   size_t offset = 0;
   device::MemoryScope host(device::MemoryCategory::kHostData);
@@ -51,6 +69,12 @@ std::vector<Batch> chunksOf(const Dataset& data, GlobalSampler& sampler, int64_t
     offset += size_t(n);
   }
   return chunks;
+}
+
+// The first chunk of step 0's whole global batch: what the profile runs.
+Batch profileChunk(const Dataset& data, GlobalSampler& sampler, int64_t chunks) {
+  const auto indices = sampler.indices(0, {sampler.globalBatch()}, 0);
+  return chunksOf(data, indices, {chunkSizes(sampler.globalBatch(), chunks).front()}).front();
 }
 
 std::shared_ptr<BlockModel> blocksOf(std::shared_ptr<Model> model) {
@@ -74,29 +98,38 @@ std::vector<int64_t> fixedBytesOf(const BlockModel& model, const TrainConfig& tr
   return bytes;
 }
 
-// Every rank's profile and memory cap, all-gathered, as the partitioner's costs. The activations
-// of a block are the same on any device; each rank measured them on its own, the largest counts.
+// Every rank's profile and memory cap, all-gathered, as the partitioner's costs for `stages`
+// stages: position i's costs are those of the slowest device at position i of the pipelines
+// (block by block) and its smallest cap. The activations of a block are the same on any device;
+// each rank measured them on its own, the largest counts.
 balance::PipelineCosts shareCosts(const BlockProfile& mine, int64_t capBytes,
-                                  std::vector<int64_t> fixedBytes, int64_t chunks,
-                                  comm::Communicator& comm) {
+                                  std::vector<int64_t> fixedBytes, int64_t chunks, int stages,
+                                  comm::Communicator& world) {
   const size_t blocks = mine.seconds.size(), row = 2 * blocks + 1;
   std::vector<double> report(mine.seconds);
   for (int64_t bytes : mine.activationBytes) report.push_back(double(bytes));
   report.push_back(double(capBytes));
-  std::vector<double> all(row * size_t(comm.size()));
-  comm.allgather(report.data(), all.data(), std::vector<size_t>(size_t(comm.size()), row),
+  std::vector<double> all(row * size_t(world.size()));
+  world
+      .allgather(report.data(), all.data(), std::vector<size_t>(size_t(world.size()), row),
                  DType::F64)
       ->wait();
   balance::PipelineCosts costs;
   costs.fixedBytes = std::move(fixedBytes);
   costs.activationBytes.assign(blocks, 0);
   costs.chunks = chunks;
-  for (int r = 0; r < comm.size(); ++r) {
+  costs.seconds.assign(size_t(stages), std::vector<double>(blocks, 0.0));
+  costs.memoryBytes.assign(size_t(stages), 0);
+  for (int r = 0; r < world.size(); ++r) {
     const double* at = all.data() + size_t(r) * row;
-    costs.seconds.emplace_back(at, at + blocks);
-    for (size_t b = 0; b < blocks; ++b)
+    const size_t i = size_t(r % stages);
+    for (size_t b = 0; b < blocks; ++b) {
+      costs.seconds[i][b] = std::max(costs.seconds[i][b], at[b]);
       costs.activationBytes[b] = std::max(costs.activationBytes[b], int64_t(at[blocks + b]));
-    costs.memoryBytes.push_back(int64_t(at[2 * blocks]));
+    }
+    const int64_t cap = int64_t(at[2 * blocks]);  // 0: no cap
+    if (cap > 0 && (costs.memoryBytes[i] == 0 || cap < costs.memoryBytes[i]))
+      costs.memoryBytes[i] = cap;
   }
   return costs;
 }
@@ -110,24 +143,63 @@ double evenStepSeconds(const balance::PipelineCosts& costs) {
   }
 }
 
+// ZeRO-1's shard of each replica of a stage: equal, or (zero.shards = "memory") in proportion to
+// the headroom each replica's device has beside the stage's parameters, gradients and in-flight
+// activations, a device without a cap counting as the roomiest of the others (all without: even).
+std::vector<int64_t> stageShards(const RunConfig& config, const balance::Partition& partition,
+                                 int stage, int64_t elements) {
+  const int stages = partition.stages();
+  const size_t replicas = config.devices.size() / size_t(stages);
+  std::vector<double> headroom(replicas, -1.0);
+  if (config.zero.shards == "memory") {
+    const int64_t optimizerBytes =
+        optimizerStateCopies(config.train.optimizer, config.train.momentum) * elements *
+        int64_t(sizeof(float));
+    const int64_t replicated = partition.stageBytes[size_t(stage)] - optimizerBytes;
+    for (size_t j = 0; j < replicas; ++j) {
+      const int64_t cap = config.devices[j * size_t(stages) + size_t(stage)].memoryBytes;
+      if (cap > 0) headroom[j] = double(std::max<int64_t>(0, cap - replicated));
+    }
+  }
+  const double roomiest = *std::max_element(headroom.begin(), headroom.end());
+  for (double& h : headroom)
+    if (h < 0) h = roomiest < 0 ? 1.0 : roomiest;
+  return proportionalShards(elements, headroom);
+}
+
 class PipelineRun {
  public:
-  PipelineRun(const RunConfig& config, std::shared_ptr<comm::Communicator> comm,
+  PipelineRun(const RunConfig& config, std::shared_ptr<comm::Communicator> world,
               const TrainerOptions& options)
       : config_(config),
-        comm_(std::move(comm)),
-        device_(config, comm_->rank()),
+        world_(std::move(world)),
+        stages_(int(config.parallel.pipeline)),
+        replicas_(world_->size() / stages_),
+        replica_(world_->rank() / stages_),
+        device_(config, world_->rank()),
         compute_(int(device_.config.threads)) {
-    HETRA_ENFORCE_EQ(int64_t(comm_->size()), config.parallel.pipeline, "one rank per stage");
+    HETRA_ENFORCE(world_->size() % stages_ == 0, world_->size(), " ranks in pipelines of ", stages_,
+                  " stages");
+    comm::GroupOptions group;
+    group.timeout = Millis(int64_t(config.comm.timeoutS * 1000));
+    const int stage = world_->rank() % stages_;
+    pipe_ = replicas_ > 1 ? world_->split(replica_, stage, group) : world_;
+    stageReplicas_ = world_->split(stage, replica_, group);
     makeDataAndModel(options);
     sampler_.emplace(trainData_->size(), config.train.globalBatch, uint64_t(config.train.seed));
     totalSteps_ =
         config.train.steps > 0 ? config.train.steps : sampler_->stepsFor(config.train.epochs);
     schedule_.emplace(scheduleSpecOf(config.train, totalSteps_));
-    sizes_ = chunkSizes(config.train.globalBatch, config.parallel.chunks);
+    if (replicas_ > 1)
+      balancer_.emplace(balancerOptionsOf(config),
+                        std::vector<balance::RankCaps>(size_t(replicas_)));
     partition();
     keepStageBlocks();
-    optimizer_ = makeOptimizer(stageParameters_, optimSpecOf(config.train));
+    updateOptions_.optimizer = optimSpecOf(config.train);
+    updateOptions_.zeroStage = int(config.zero.stage);
+    if (updateOptions_.zeroStage == 1)
+      updateOptions_.shardSizes = stageShards(config, partition_, stage, stageElements());
+    update_.emplace(stageParameters_, stageReplicas_, updateOptions_);
     PipelineReportOptions reportOptions;
     reportOptions.enabled = device_.rank == 0;
     reportOptions.metricsPath = options.metricsPath;
@@ -137,6 +209,8 @@ class PipelineRun {
     reportOptions.globalBatch = config.train.globalBatch;
     reportOptions.chunks = config.parallel.chunks;
     reportOptions.mode = config.parallel.partition;
+    reportOptions.replicas = replicas_;
+    reportOptions.zeroStage = int(config.zero.stage);
     report_.emplace(reportOptions);
   }
 
@@ -184,25 +258,36 @@ class PipelineRun {
   // The profile, the all-gather of every rank's, and the partition every rank computes alike.
   void partition() {
     timeline::Span span(timeline::Lane::Compute, "compute", "pipeline profile");
-    const std::vector<Batch> first = chunksOf(*trainData_, *sampler_, 0, {sizes_.front()});
-    const BlockProfile profile = profileBlocks(*model_, first.front(), compute_,
-                                               slowdownAt(device_.config, 0), kProfileRounds);
+    const Batch chunk = profileChunk(*trainData_, *sampler_, config_.parallel.chunks);
+    const BlockProfile profile =
+        profileBlocks(*model_, chunk, compute_, slowdownAt(device_.config, 0), kProfileRounds);
     // Ranks that are threads of one process share its memory ledger: no cap is enforced there.
     const int64_t cap = device_.memory.enforced() ? device_.config.memoryBytes : 0;
     const auto costs = shareCosts(profile, cap, fixedBytesOf(*model_, config_.train),
-                                  config_.parallel.chunks, *comm_);
+                                  config_.parallel.chunks, stages_, *world_);
     partition_ = balance::partitionBy(config_.parallel.partition, costs);
     evenSeconds_ = evenStepSeconds(costs);
-    span_.stage = device_.rank;
-    span_.stages = comm_->size();
-    span_.first = partition_.bounds[size_t(device_.rank)];
-    span_.last = partition_.bounds[size_t(device_.rank) + 1];
-    if (span_.first > 0) span_.inputShape = profile.outputShapes[size_t(span_.first) - 1];
-    stage_.emplace(*model_, span_, *comm_);
+    outputShapes_ = profile.outputShapes;
+    // Moving blocks moves their optimizer state; ZeRO-1's shards are laid out over the stage's
+    // tensors, so under it the partition stays.
+    if (config_.parallel.partition == "balanced" && config_.parallel.repartition &&
+        config_.zero.stage == 0)
+      watch_.emplace(costs, chunk.targets.size(0), partition_);
+    span_.stage = pipe_->rank();
+    span_.stages = stages_;
+    span_.first = partition_.bounds[size_t(span_.stage)];
+    span_.last = partition_.bounds[size_t(span_.stage) + 1];
+    if (span_.first > 0) span_.inputShape = outputShapes_[size_t(span_.first) - 1];
+    stage_.emplace(*model_, span_, *pipe_);
   }
 
   // The stage's parameters become device memory (the cap applies); the other blocks' are freed.
   void keepStageBlocks() {
+    for (size_t b = 0; b < model_->blockCount(); ++b) {
+      blockShapes_.emplace_back();
+      for (const auto& p : model_->blockParameters(b))
+        blockShapes_.back().push_back(p.sizes().vec());
+    }
     for (size_t b = 0; b < model_->blockCount(); ++b) {
       const bool mine = int64_t(b) >= span_.first && int64_t(b) < span_.last;
       for (auto p : model_->blockParameters(b)) {
@@ -218,26 +303,50 @@ class PipelineRun {
     device_.memory.trackGradients(stageParameters_);
   }
 
-  // The whole test set through the pipeline in chunks of twice the training chunk (no gradients:
-  // that fits the same memory); the last stage's sums reach every rank.
+  int64_t stageElements() const {
+    int64_t elements = 0;
+    for (const auto& p : stageParameters_) elements += p.numel();
+    return elements;
+  }
+
+  // What this rank exchanged with its neighbours in the pipeline and with its stage's replicas.
+  uint64_t bytesSent() const { return pipe_->bytesSent() + stageReplicas_->bytesSent(); }
+  uint64_t bytesReceived() const {
+    return pipe_->bytesReceived() + stageReplicas_->bytesReceived();
+  }
+
+  // Each pipeline's share of the step's global batch.
+  std::vector<int64_t> shares() const {
+    if (!balancer_) return {config_.train.globalBatch};
+    std::vector<int64_t> batches;
+    for (const auto& r : balancer_->plan().ranks) batches.push_back(r.batch);
+    return batches;
+  }
+
+  // The test set through the pipelines in chunks of twice the largest training chunk (no
+  // gradients: that fits the same memory), pipeline j a contiguous j-th of it; the last stages'
+  // sums reach every rank.
   void evaluateAt(int64_t step, TrainResult& result) {
     timeline::Span span(timeline::Lane::Compute, "eval", "evaluate");
-    const int64_t size = std::max<int64_t>(1, std::min<int64_t>(1024, 2 * sizes_.front()));
+    const int64_t size = std::max<int64_t>(
+        1, std::min<int64_t>(
+               1024, 2 * chunkSizes(config_.train.globalBatch, config_.parallel.chunks).front()));
+    const int64_t n = testData_->size();
+    const int64_t begin = n * replica_ / replicas_, end = n * (replica_ + 1) / replicas_;
     std::vector<Batch> chunks;
     {
       device::MemoryScope host(device::MemoryCategory::kHostData);
-      for (int64_t start = 0; start < testData_->size(); start += size) {
+      for (int64_t start = begin; start < end; start += size) {
         std::vector<int64_t> indices;
-        for (int64_t i = start; i < std::min(testData_->size(), start + size); ++i)
-          indices.push_back(i);
+        for (int64_t i = start; i < std::min(end, start + size); ++i) indices.push_back(i);
         chunks.push_back(testData_->get(indices));
       }
     }
     device::MemoryScope activations(device::MemoryCategory::kActivations);
     auto [lossSum, correct] = stage_->evaluate(evaluations_++, chunks);
     double sums[2] = {lossSum, correct};
-    comm_->allreduce(sums, sums, 2, DType::F64, comm::ReduceOp::Sum)->wait();
-    const double samples = std::max<double>(1.0, double(testData_->size()));
+    world_->allreduce(sums, sums, 2, DType::F64, comm::ReduceOp::Sum)->wait();
+    const double samples = std::max<double>(1.0, double(n));
     result.testLoss = sums[0] / samples;
     result.testAccuracy = sums[1] / samples;
     report_->evaluation(step, result.testLoss, result.testAccuracy);
@@ -248,57 +357,205 @@ class PipelineRun {
     timeline::Span span(timeline::Lane::Compute, "step", "step");
     span.arg("step", step + 1);
     const double slowdown = slowdownAt(device_.config, step);
-    const std::vector<Batch> chunks = chunksOf(*trainData_, *sampler_, step, sizes_);
-    const uint64_t sent = comm_->bytesSent(), received = comm_->bytesReceived();
+    const std::vector<int64_t> batches = shares();
+    const int64_t mine = batches[size_t(replica_)];
+    const std::vector<Batch> chunks =
+        chunksOf(*trainData_, sampler_->indices(step, batches, replica_),
+                 chunkSizes(mine, config_.parallel.chunks));
+    const uint64_t sent = bytesSent(), received = bytesReceived();
+    auto& ledger = device::MemoryLedger::process();
+    const int64_t activationsBefore = ledger.usage().liveOf(device::MemoryCategory::kActivations);
+    ledger.startWindow();
     StageStep result;
+    update_->beginStep();
+    const auto runStart = Clock::now();
     {
       device::MemoryScope activations(device::MemoryCategory::kActivations);
       result =
           stage_->run(step, chunks, 1.0 / double(config_.train.globalBatch), compute_, slowdown);
     }
+    const double runSeconds = secondsSince(runStart);
+    const int64_t activationBytes =
+        ledger.window().peakOf(device::MemoryCategory::kActivations) - activationsBefore;
     device_.memory.adoptGradients();
-    {
-      timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
-      device::MemoryScope state(device::MemoryCategory::kOptimizerState);
-      result.computeSeconds += compute_.compute(slowdown, [&] {
-        applyLr(*optimizer_, schedule_->lrAt(step));
-        optimizer_->step();
-      });
-    }
-    for (auto& p : stageParameters_) p.mutable_grad().reset();
+    const double forwardBackward = result.computeSeconds;
+    const UpdateSeconds updated = update_->update(schedule_->lrAt(step), compute_, slowdown);
+    result.computeSeconds += updated.compute;
     const double seconds = secondsSince(start);
-    std::vector<double> mine(kStatFields, 0.0), all(size_t(kStatFields) * size_t(comm_->size()));
-    mine[kLossSum] = result.lossSum;
-    mine[kStageSeconds] = result.computeSeconds;
-    mine[kStepSeconds] = seconds;
-    mine[kBytesSent] = double(comm_->bytesSent() - sent);
-    mine[kBytesReceived] = double(comm_->bytesReceived() - received);
+    std::vector<double> report(kStatFields, 0.0), all(size_t(kStatFields) * size_t(world_->size()));
+    report[kLossSum] = result.lossSum;
+    report[kStageSeconds] = result.computeSeconds;
+    report[kStepSeconds] = seconds;
+    report[kRunSeconds] = runSeconds;
+    report[kUpdateCommSeconds] = updated.comm;
+    report[kBytesSent] = double(bytesSent() - sent);
+    report[kBytesReceived] = double(bytesReceived() - received);
+    report[kChunksInFlight] = double(result.peakChunksInFlight);
+    // Threads of one process share the ledger: one stage's activations are not told apart there.
+    report[kActivationBytes] = device_.memory.enforced() ? double(activationBytes) : -1.0;
+    report[kForwardBackwardSeconds] = forwardBackward;
+    report[kSamples] = double(mine);
     // Synchronous: a pipeline step ends with every stage flushed anyway.
-    comm_
-        ->allgather(mine.data(), all.data(),
-                    std::vector<size_t>(size_t(comm_->size()), kStatFields), DType::F64)
+    world_
+        ->allgather(report.data(), all.data(),
+                    std::vector<size_t>(size_t(world_->size()), kStatFields), DType::F64)
         ->wait();
     PipelineStepRecord record;
     record.step = step + 1;
     record.lr = schedule_->lrAt(step);
+    record.shares = batches;
     double lossSum = 0;
-    for (int r = 0; r < comm_->size(); ++r) {
+    std::vector<double> pipelineSeconds(size_t(replicas_), 0.0);
+    for (int r = 0; r < world_->size(); ++r) {
       const double* row = all.data() + size_t(r) * kStatFields;
+      const int stage = r % stages_;
       lossSum += row[kLossSum];
       record.seconds = std::max(record.seconds, row[kStepSeconds]);
-      record.stages.push_back({config_.devices[size_t(r)].name, partition_.bounds[size_t(r)],
-                               partition_.bounds[size_t(r) + 1], row[kStageSeconds],
-                               row[kStepSeconds], int64_t(row[kBytesSent]),
-                               int64_t(row[kBytesReceived])});
+      pipelineSeconds[size_t(r / stages_)] =
+          std::max(pipelineSeconds[size_t(r / stages_)], row[kRunSeconds]);
+      StageRecord s;
+      s.device = config_.devices[size_t(r)].name;
+      s.replica = r / stages_;
+      s.first = partition_.bounds[size_t(stage)];
+      s.last = partition_.bounds[size_t(stage) + 1];
+      s.stageSeconds = row[kStageSeconds];
+      s.stepSeconds = row[kStepSeconds];
+      s.updateCommSeconds = row[kUpdateCommSeconds];
+      s.bytesSent = int64_t(row[kBytesSent]);
+      s.bytesReceived = int64_t(row[kBytesReceived]);
+      s.chunksInFlight = int64_t(row[kChunksInFlight]);
+      s.activationBytes = int64_t(row[kActivationBytes]);
+      record.stages.push_back(std::move(s));
     }
+    record.pipelineSeconds = pipelineSeconds;
     record.loss = lastLoss = lossSum / double(config_.train.globalBatch);
+    if (balancer_) {
+      // A pipeline is one device to the balancer: its share as one micro-batch, its time the
+      // slowest of its stages' schedules (the stage replicas' exchange is the same for any split).
+      for (int j = 0; j < replicas_; ++j)
+        if (batches[size_t(j)] > 0)
+          balancer_->observe(j, batches[size_t(j)], pipelineSeconds[size_t(j)]);
+      balancer_->endStep(step);
+      record.balancerIdeal = balancer_->idealSamplesPerSecond();
+    }
     report_->step(record);
+    if (watch_) watchPartition(step, all);
     return record.seconds;
   }
 
+  // The step's forward+backward times per stage position (its slowest replica per sample) to the
+  // watch; blocks move when it says so, on every rank at once (they all see the same numbers).
+  void watchPartition(int64_t step, const std::vector<double>& all) {
+    std::vector<double> seconds(size_t(stages_), 0.0);
+    std::vector<int64_t> samples(size_t(stages_), 0);
+    for (int r = 0; r < world_->size(); ++r) {
+      const double* row = all.data() + size_t(r) * kStatFields;
+      const size_t i = size_t(r % stages_);
+      const int64_t n = int64_t(row[kSamples]);
+      if (n <= 0) continue;
+      if (samples[i] == 0 ||
+          row[kForwardBackwardSeconds] / double(n) > seconds[i] / double(samples[i])) {
+        seconds[i] = row[kForwardBackwardSeconds];
+        samples[i] = n;
+      }
+    }
+    const std::vector<int64_t> before = partition_.bounds;
+    const auto next = watch_->observe(step, seconds, samples);
+    if (!next) return;
+    moveBlocks(*next);
+    report_->repartition(step + 1, before, *next, watch_->speedFactors(), watch_->lastGain(),
+                         model_->blockNames());
+  }
+
+  // Moves blocks to the stages of `next`, between steps: each moved block's parameters and their
+  // optimizer state go from its old stage's rank to its new one's in this pipeline. Every rank
+  // walks the blocks in the same order and a send completes only with its receive, so no two
+  // ranks wait for each other the other way round.
+  void moveBlocks(const balance::Partition& next) {
+    timeline::Span span(timeline::Lane::Compute, "comm", "re-partition");
+    torch::NoGradGuard noGrad;
+    const auto ownerIn = [](const std::vector<int64_t>& bounds, int64_t block) {
+      return int(std::upper_bound(bounds.begin(), bounds.end(), block) - bounds.begin()) - 1;
+    };
+    // Tags of their own: bits 60 and 61 set, below the evaluation's bit 62 and above any training
+    // step's (those stay below 2^60 for any run shorter than 2^58 chunks).
+    const auto tag = [&](size_t block, size_t k, size_t part) {
+      return uint64_t(3) << 60 | uint64_t(moves_) << 40 | uint64_t(block) << 16 | k << 4 | part;
+    };
+    const int me = span_.stage;
+    std::map<const void*, ParameterState> arrived;
+    for (size_t b = 0; b < model_->blockCount(); ++b) {
+      const int from = ownerIn(partition_.bounds, int64_t(b)),
+                to = ownerIn(next.bounds, int64_t(b));
+      if (from == to || (me != from && me != to)) continue;
+      const auto& params = model_->blockParameters(b);
+      for (size_t k = 0; k < params.size(); ++k) {
+        torch::Tensor p = params[k];
+        if (me == from) {
+          ParameterState state = update_->stateOf(p);
+          double header[2] = {double(state.tensors.size()), double(state.steps)};
+          pipe_->send(header, 2, DType::F64, to, tag(b, k, 0))->wait();
+          pipe_->send(p.data_ptr<float>(), size_t(p.numel()), DType::F32, to, tag(b, k, 1))->wait();
+          for (size_t t = 0; t < state.tensors.size(); ++t) {
+            const torch::Tensor x = state.tensors[t].contiguous();
+            pipe_->send(x.data_ptr<float>(), size_t(x.numel()), DType::F32, to, tag(b, k, 2 + t))
+                ->wait();
+          }
+          p.set_data(torch::empty({0}, p.options()));
+          continue;
+        }
+        double header[2] = {0, 0};
+        pipe_->recv(header, 2, DType::F64, from, tag(b, k, 0))->wait();
+        torch::Tensor values;
+        {
+          device::MemoryScope parameters(device::MemoryCategory::kParameters);
+          values = torch::empty(blockShapes_[b][k], torch::kFloat32);
+        }
+        pipe_
+            ->recv(values.data_ptr<float>(), size_t(values.numel()), DType::F32, from, tag(b, k, 1))
+            ->wait();
+        p.set_data(values);
+        ParameterState state;
+        state.steps = int64_t(header[1]);
+        device::MemoryScope optimizerState(device::MemoryCategory::kOptimizerState);
+        for (size_t t = 0; t < size_t(header[0]); ++t) {
+          torch::Tensor x = torch::empty(blockShapes_[b][k], torch::kFloat32);
+          pipe_->recv(x.data_ptr<float>(), size_t(x.numel()), DType::F32, from, tag(b, k, 2 + t))
+              ->wait();
+          state.tensors.push_back(x);
+        }
+        arrived[p.unsafeGetTensorImpl()] = std::move(state);
+      }
+    }
+    ++moves_;
+    // The stage's new blocks, their state (kept or arrived) in a new optimizer over them.
+    partition_ = next;
+    span_.first = partition_.bounds[size_t(me)];
+    span_.last = partition_.bounds[size_t(me) + 1];
+    span_.inputShape =
+        span_.first > 0 ? outputShapes_[size_t(span_.first) - 1] : std::vector<int64_t>{};
+    std::vector<torch::Tensor> parameters;
+    std::vector<ParameterState> states;
+    for (int64_t b = span_.first; b < span_.last; ++b)
+      for (const auto& p : model_->blockParameters(size_t(b))) {
+        parameters.push_back(p);
+        const auto found = arrived.find(p.unsafeGetTensorImpl());
+        states.push_back(found != arrived.end() ? std::move(found->second) : update_->stateOf(p));
+      }
+    update_.reset();
+    update_.emplace(parameters, stageReplicas_, updateOptions_);
+    for (size_t k = 0; k < parameters.size(); ++k) update_->setState(parameters[k], states[k]);
+    stageParameters_ = std::move(parameters);
+    device_.memory.trackGradients(stageParameters_);
+    stage_.emplace(*model_, span_, *pipe_);
+  }
+
   const RunConfig& config_;
-  std::shared_ptr<comm::Communicator> comm_;
-  RankDevice device_;  // before every member that allocates tensors
+  std::shared_ptr<comm::Communicator> world_;
+  const int stages_, replicas_, replica_;
+  std::shared_ptr<comm::Communicator> pipe_;           // this rank's pipeline: rank = stage
+  std::shared_ptr<comm::Communicator> stageReplicas_;  // this stage in every pipeline
+  RankDevice device_;                                  // before every member that allocates tensors
   EmulatedDevice compute_;
   std::shared_ptr<const Dataset> trainData_, testData_;
   int64_t evaluations_ = 0;
@@ -306,14 +563,19 @@ class PipelineRun {
   std::string modelName_;
   std::optional<GlobalSampler> sampler_;
   std::optional<LrSchedule> schedule_;
+  std::optional<balance::Balancer> balancer_;  // several pipelines
   int64_t totalSteps_ = 0;
-  std::vector<int64_t> sizes_;
   balance::Partition partition_;
   double evenSeconds_ = 0;
   StageSpan span_;
   std::optional<Stage> stage_;
   std::vector<torch::Tensor> stageParameters_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  StageUpdateOptions updateOptions_;
+  std::optional<StageUpdate> update_;
+  std::optional<balance::PartitionWatch> watch_;    // partition = "balanced", repartition, no ZeRO
+  int64_t moves_ = 0;                               // re-partitions done
+  std::vector<std::vector<int64_t>> outputShapes_;  // per block, per sample
+  std::vector<std::vector<std::vector<int64_t>>> blockShapes_;  // per block, per parameter
   std::optional<PipelineReport> report_;
 };
 
@@ -344,38 +606,75 @@ std::string predictedPipeline(const RunConfig& config) {
   auto model = blocksOf(
       makeModel(modelSpecOf(config, DatasetGeometry{data->inputShape(), data->classes()})));
   GlobalSampler sampler(data->size(), config.train.globalBatch, uint64_t(config.train.seed));
-  const auto sizes = chunkSizes(config.train.globalBatch, config.parallel.chunks);
-  const auto chunk = chunksOf(*data, sampler, 0, {sizes.front()});
+  const Batch chunk = profileChunk(*data, sampler, config.parallel.chunks);
   EmulatedDevice here(1);
-  const BlockProfile profile = profileBlocks(*model, chunk.front(), here, 1.0, kProfileRounds);
+  const BlockProfile profile = profileBlocks(*model, chunk, here, 1.0, kProfileRounds);
   balance::PipelineCosts costs;
   costs.fixedBytes = fixedBytesOf(*model, config.train);
   costs.activationBytes = profile.activationBytes;
   costs.chunks = config.parallel.chunks;
-  for (const auto& d : config.devices) {
-    const double s = slowdownAt(d, 0);
+  // Position i of the pipelines: its slowest device and its smallest cap, as the run does.
+  const size_t stages = size_t(config.parallel.pipeline);
+  const size_t replicas = config.devices.size() / stages;
+  for (size_t i = 0; i < stages; ++i) {
+    double slowest = 0;
+    int64_t cap = 0;
+    for (size_t j = 0; j < replicas; ++j) {
+      const DeviceConfig& d = config.devices[j * stages + i];
+      slowest = std::max(slowest, slowdownAt(d, 0));
+      if (d.memoryBytes > 0 && (cap == 0 || d.memoryBytes < cap)) cap = d.memoryBytes;
+    }
     std::vector<double> row;
-    for (double t : profile.seconds) row.push_back(t * s);
+    for (double t : profile.seconds) row.push_back(t * slowest);
     costs.seconds.push_back(std::move(row));
-    costs.memoryBytes.push_back(d.memoryBytes);
+    costs.memoryBytes.push_back(cap);
   }
   const balance::Partition chosen = balance::partitionBy(config.parallel.partition, costs);
   const auto names = model->blockNames();
-  std::string text =
-      str("# Pipeline: parallel.partition = \"", config.parallel.partition, "\"", ", ",
-          chosen.stages(), " stages, ", costs.chunks, " chunks; from a profile of one chunk of ",
-          sizes.front(), " samples on one thread of this host, times each device's slowdown:\n");
-  for (int i = 0; i < chosen.stages(); ++i)
-    text += str("#   stage ", i, " on ", config.devices[size_t(i)].name, ": blocks ",
+  std::string text = str(
+      "# Pipeline: parallel.partition = \"", config.parallel.partition, "\"", ", ", chosen.stages(),
+      " stages, ", costs.chunks, " chunks; from a profile of one chunk of ", chunk.targets.size(0),
+      " samples on one thread of this host, times each device's ", "slowdown:\n");
+  if (replicas > 1)
+    text += str("#   ", replicas, " pipelines as data-parallel replicas, each stage sized for the ",
+                "slowest device at its position; the balancer splits the global batch between ",
+                "the pipelines by their measured step times\n");
+  for (int i = 0; i < chosen.stages(); ++i) {
+    std::string on;
+    for (size_t j = 0; j < replicas; ++j)
+      on += str(j ? ", " : "", config.devices[j * stages + size_t(i)].name);
+    text += str("#   stage ", i, " on ", on, ": blocks ",
                 blockRange(names, chosen.bounds[size_t(i)], chosen.bounds[size_t(i) + 1]), " (",
                 chosen.blocksOf(i), "), ", formatMillis(chosen.stageSeconds[size_t(i)]),
                 " per chunk, ", device::readableBytes(chosen.stageBytes[size_t(i)]), "\n");
+  }
   text += str("#   predicted step time ", formatMillis(chosen.stepSeconds),
               " (1F1B: sum of the stages + (chunks - 1) x the slowest)");
   const double even = evenStepSeconds(costs);
   if (config.parallel.partition != "even")
     text += even > 0 ? str("; an even partition: ", formatMillis(even))
                      : std::string("; an even partition does not fit the memory");
+  if (replicas > 1) {
+    // Each pipeline's own 1F1B step over the partition with the whole batch, T_j; shares in
+    // proportion to 1 / T_j end together at 1 / sum_j (1 / T_j) (stage times taken as
+    // proportional to the chunk's samples).
+    double rate = 0;
+    std::string each;
+    for (size_t j = 0; j < replicas; ++j) {
+      std::vector<double> w;
+      for (size_t i = 0; i < stages; ++i) {
+        double seconds = 0;
+        for (int64_t b = chosen.bounds[i]; b < chosen.bounds[i + 1]; ++b)
+          seconds += profile.seconds[size_t(b)];
+        w.push_back(seconds * slowdownAt(config.devices[j * stages + i], 0));
+      }
+      const double t = balance::oneFOneBStepSeconds(w, costs.chunks);
+      each += str(j ? ", " : "", formatMillis(t));
+      rate += 1.0 / t;
+    }
+    text += str("\n#   each pipeline alone with the whole batch: ", each, "; split by speed, the ",
+                replicas, " together: ", formatMillis(1.0 / rate), " a step");
+  }
   return text + "\n";
 }
 

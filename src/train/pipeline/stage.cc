@@ -1,5 +1,7 @@
 #include "train/pipeline/stage.h"
 
+#include <algorithm>
+
 #include "common/errors.h"
 #include "common/timeline.h"
 #include "train/models.h"
@@ -27,6 +29,8 @@ uint64_t Stage::tag(int64_t step, int64_t chunk, bool gradient) const {
 StageStep Stage::run(int64_t step, const std::vector<Batch>& chunks, double lossScale,
                      EmulatedDevice& device, double slowdown) {
   const int64_t m = int64_t(chunks.size());
+  // A pipeline the balancer gave no samples this step: every stage of it knows, none waits.
+  if (m == 0) return {};
   if (m != scheduleChunks_) {
     schedule_ = oneFOneB(span_.stage, span_.stages, m);
     scheduleChunks_ = m;
@@ -34,6 +38,7 @@ StageStep Stage::run(int64_t step, const std::vector<Batch>& chunks, double loss
   inputs_.assign(size_t(m), {});
   outputs_.assign(size_t(m), {});
   gradients_.assign(size_t(m), {});
+  inFlight_ = 0;
   StageStep out;
   abortOnFailure([&] {
     for (const Step& s : schedule_) execute(s, step, chunks, lossScale, device, slowdown, out);
@@ -107,6 +112,7 @@ void Stage::execute(const Step& s, int64_t step, const std::vector<Batch>& chunk
         outputs_[k] = last ? summedLoss(y, chunks[k].targets) : y;
       });
       if (last) out.lossSum += outputs_[k].item<double>();
+      out.peakChunksInFlight = std::max(out.peakChunksInFlight, ++inFlight_);
       return;
     }
     case Action::kSendActivation: {
@@ -139,6 +145,7 @@ void Stage::execute(const Step& s, int64_t step, const std::vector<Batch>& chunk
       });
       outputs_[k] = torch::Tensor();  // the chunk's activations go with its graph
       gradients_[k] = torch::Tensor();
+      --inFlight_;
       return;
     }
     case Action::kSendGradient: {

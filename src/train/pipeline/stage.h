@@ -32,6 +32,9 @@ struct StageSpan {
 struct StageStep {
   double lossSum = 0;         // the last stage: summed loss of the step's samples; else 0
   double computeSeconds = 0;  // forwards and backwards, the emulation's sleep included
+  // The most chunks whose activations were alive at once (forward run, backward not yet): at
+  // most min(P - i, M) on stage i under 1F1B.
+  int64_t peakChunksInFlight = 0;
 };
 
 class Stage {
@@ -41,7 +44,8 @@ class Stage {
 
   // One step of `chunks` (the first stage reads their inputs, the last their targets, every stage
   // their sizes): gradients accumulate in the stage's parameters, the loss is scaled by `lossScale`
-  // before backward. A failure aborts the group, so the other stages wake at once.
+  // before backward. No chunks: nothing runs (the pipeline has no samples this step; every stage
+  // of it must be given none). A failure aborts the group, so the other stages wake at once.
   StageStep run(int64_t step, const std::vector<Batch>& chunks, double lossScale,
                 EmulatedDevice& device, double slowdown);
 
@@ -67,6 +71,7 @@ class Stage {
   // Per chunk in flight: the stage's input (a leaf with a gradient, past stage 0), its output (the
   // loss on the last stage), and the gradient received for that output.
   std::vector<torch::Tensor> inputs_, outputs_, gradients_;
+  int64_t inFlight_ = 0;
 };
 
 }  // namespace hetra::train::pipeline
