@@ -6,6 +6,7 @@
 // running pipeline re-partitions once when a device slows down for good, to the optimum of the new
 // speeds, and never on stationary noise or a single outlier step.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <random>
@@ -45,6 +46,11 @@ bool referenceFits(const PipelineCosts& c, const std::vector<int64_t>& sizes) {
       activations += c.activationBytes[block];
     }
     const int64_t inFlight = std::min<int64_t>(stages - i, c.chunks);
+    // The stage's received input per chunk in flight, its output's gradient one at a time.
+    const size_t first = block - size_t(sizes[size_t(i)]);
+    const auto input = [&](size_t b) { return c.inputBytes.empty() ? 0 : c.inputBytes[b]; };
+    if (first > 0) activations += input(first);
+    if (block < c.fixedBytes.size()) fixed += input(block);
     const int64_t cap = c.memoryBytes[size_t(i)];
     if (cap > 0 && fixed + inFlight * activations > cap) return false;
   }
@@ -115,6 +121,7 @@ PipelineCosts randomCase(std::mt19937_64& rng) {
   for (int64_t b = 0; b < blocks; ++b) {
     c.fixedBytes.push_back(bytes(rng));
     c.activationBytes.push_back(bytes(rng));
+    c.inputBytes.push_back(bytes(rng) / 4);
   }
   int64_t whole = 0;
   for (int64_t b = 0; b < blocks; ++b)
@@ -267,6 +274,64 @@ double bruteForceSlowest(int64_t units, const std::vector<double>& speeds, int64
   };
   place(0, units);
   return best;
+}
+
+// ---- The devices' order ------------------------------------------------------------------------
+
+// The least reference step over every order of the devices and every partition (infinity when
+// nothing fits), by enumeration.
+double bruteForceOverOrders(const PipelineCosts& c) {
+  std::vector<int> order(c.seconds.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+  double best = std::numeric_limits<double>::infinity();
+  do {
+    PipelineCosts r = c;
+    for (size_t i = 0; i < order.size(); ++i) {
+      r.seconds[i] = c.seconds[size_t(order[i])];
+      r.memoryBytes[i] = c.memoryBytes[size_t(order[i])];
+    }
+    best = std::min(best, bruteForce(r));
+  } while (std::next_permutation(order.begin(), order.end()));
+  return best;
+}
+
+TEST(PipelinePartition, OverOrdersIsOptimalOrKeepsTheGivenOrderWithinFivePercent) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const PipelineCosts c = randomCase(rng);
+    const double best = bruteForceOverOrders(c);
+    if (!std::isfinite(best)) {
+      EXPECT_THROW(partitionOverOrders(c), ConfigError) << "trial " << trial;
+      continue;
+    }
+    const OrderedPartition got = partitionOverOrders(c);
+    const PipelineCosts inOrder = reordered(c, got.order);
+    const auto sizes = sizesOf(got.partition);
+    EXPECT_TRUE(referenceFits(inOrder, sizes)) << "trial " << trial;
+    const double step = referenceStep(inOrder, sizes);
+    const bool given = std::is_sorted(got.order.begin(), got.order.end());
+    if (given)
+      EXPECT_LE(step, 1.05 * best * (1 + 1e-12)) << "trial " << trial;
+    else
+      EXPECT_NEAR(step, best, 1e-9 * best) << "trial " << trial;
+  }
+}
+
+TEST(PipelinePartition, TheLargestMemoryGoesWhereTheMostActivationsWait) {
+  // Equal speeds; 6 blocks whose activations dominate. Stage 0 holds 3 chunks in flight, stage 2
+  // one: only the big device listed last can take stage 0's share, so the order puts it first.
+  PipelineCosts c = equalBlocks({1.0, 1.0, 1.0}, 6, 8);
+  c.activationBytes.assign(6, 100);
+  c.memoryBytes = {250, 250, 900};
+  EXPECT_THROW(partitionBalanced(c), ConfigError);  // the given order: stage 0 cannot fit
+  const OrderedPartition got = partitionOverOrders(c);
+  EXPECT_EQ(got.order.front(), 2);
+  EXPECT_DOUBLE_EQ(got.partition.stepSeconds, bruteForceOverOrders(c));
+}
+
+TEST(PipelinePartition, EqualDevicesKeepTheGivenOrder) {
+  const PipelineCosts c = equalBlocks({1.0, 1.0, 1.0, 1.0}, 10, 6);
+  EXPECT_EQ(partitionOverOrders(c).order, (std::vector<int>{0, 1, 2, 3}));
 }
 
 // ---- Re-partitioning a running pipeline --------------------------------------------------------

@@ -437,6 +437,46 @@ TEST(Cli, RunTrainsThePipelineExample) {
   fs::remove_all(dir);
 }
 
+// Devices of unequal memory listed small first: stage 0 keeps the most chunks in flight, so the
+// plan puts the 12 MiB device there (the given order's partition would be slower, its first
+// stage squeezed into 2 MiB), says so, and trains within every cap (the ledger enforces them in
+// the rank processes: a stage past its cap would fail the run).
+TEST(Cli, PipelinePutsTheLargestMemoryWhereTheMostActivationsWait) {
+  const auto dir = tempDir("pipeline-order");
+  const std::string example =
+      std::string(HETRA_SOURCE_DIR) + "/examples/pipeline_three_devices.toml";
+  const std::string devices =
+      " --set 'devices=[{name=\"a\",memory=\"2MiB\"},{name=\"b\",memory=\"3MiB\"},"
+      "{name=\"c\",memory=\"12MiB\"}]'";
+  const auto printed = run(kHetra + " run " + example + devices + " --print-config");
+  ASSERT_EQ(printed.status, 0) << printed.output;
+  EXPECT_NE(printed.output.find("#   stage 0 on c: blocks "), std::string::npos) << printed.output;
+  EXPECT_NE(printed.output.find("not in [[devices]] order"), std::string::npos) << printed.output;
+  const auto metrics = dir / "metrics.jsonl";
+  const auto r =
+      run(kHetra + " run " + example + devices +
+          " --set train.steps=4 --set data.test_samples=64 --metrics " + metrics.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("devices reordered"), std::string::npos) << r.output;
+  std::ifstream in(metrics);
+  std::string line;
+  int steps = 0;
+  const std::map<std::string, int64_t> caps{{"a", 2 << 20}, {"b", 3 << 20}, {"c", 12 << 20}};
+  while (std::getline(in, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "pipeline") EXPECT_EQ(record["stages"][0]["device"], "c") << line;
+    if (record["event"] != "pipeline_step") continue;
+    ++steps;
+    EXPECT_EQ(record["stages"][0]["device"], "c") << line;
+    for (const auto& stage : record["stages"])
+      EXPECT_LT(stage["activation_bytes"].get<int64_t>(),
+                caps.at(stage["device"].get<std::string>()))
+          << line;
+  }
+  EXPECT_EQ(steps, 4);
+  fs::remove_all(dir);
+}
+
 // The DP x PP example: two pipelines of two stages through hetra run's rank processes. Its
 // --print-config names each stage's devices in both pipelines and predicts each pipeline's step;
 // its steps split the batch between the pipelines and report, per device, the chunks and the

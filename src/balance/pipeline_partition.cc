@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
+#include <optional>
 
 #include "common/errors.h"
 
@@ -15,9 +17,10 @@ constexpr double kInfinity = std::numeric_limits<double>::infinity();
 // Prefix sums, so a stage's time and bytes cost O(1).
 struct Prefix {
   std::vector<std::vector<double>> seconds;  // [d][b]: device d, blocks [0, b)
-  std::vector<int64_t> fixed, activations;
+  std::vector<int64_t> fixed, activations, inputs;
 
-  explicit Prefix(const PipelineCosts& c) {
+  explicit Prefix(const PipelineCosts& c) : inputs(c.inputBytes) {
+    inputs.resize(c.fixedBytes.size(), 0);
     for (const auto& row : c.seconds) {
       std::vector<double> p(row.size() + 1, 0.0);
       for (size_t b = 0; b < row.size(); ++b) p[b + 1] = p[b] + row[b];
@@ -33,8 +36,11 @@ struct Prefix {
     return seconds[size_t(i)][size_t(e)] - seconds[size_t(i)][size_t(s)];
   }
   int64_t stageBytes(int i, int stages, int64_t chunks, int64_t s, int64_t e) const {
-    return fixed[size_t(e)] - fixed[size_t(s)] +
-           chunksInFlight(i, stages, chunks) * (activations[size_t(e)] - activations[size_t(s)]);
+    const int64_t received = s > 0 ? inputs[size_t(s)] : 0;
+    const int64_t outputGradient = e < int64_t(inputs.size()) ? inputs[size_t(e)] : 0;
+    return fixed[size_t(e)] - fixed[size_t(s)] + outputGradient +
+           chunksInFlight(i, stages, chunks) *
+               (activations[size_t(e)] - activations[size_t(s)] + received);
   }
 };
 
@@ -48,6 +54,8 @@ void checkShape(const PipelineCosts& c) {
   HETRA_ENFORCE_GE(stages, 1, "a pipeline needs at least one stage");
   HETRA_ENFORCE_EQ(c.memoryBytes.size(), size_t(stages), "one memory cap per device");
   HETRA_ENFORCE_EQ(c.activationBytes.size(), size_t(blocks), "activation bytes per block");
+  HETRA_ENFORCE(c.inputBytes.empty() || c.inputBytes.size() == size_t(blocks),
+                "input bytes per block, or none");
   HETRA_ENFORCE_GE(c.chunks, 1, "a step has at least one chunk");
   for (const auto& row : c.seconds)
     HETRA_ENFORCE_EQ(row.size(), size_t(blocks), "one time per block on every device");
@@ -173,6 +181,45 @@ Partition partitionEven(const PipelineCosts& costs) {
   for (int i = 0; i < stages; ++i)
     if (!fits(costs, i, p.stageBytes[size_t(i)])) failNoFit(costs, "even");
   return p;
+}
+
+PipelineCosts reordered(const PipelineCosts& costs, const std::vector<int>& order) {
+  HETRA_ENFORCE_EQ(order.size(), costs.seconds.size(), "an order of every device");
+  PipelineCosts out = costs;
+  for (size_t i = 0; i < order.size(); ++i) {
+    out.seconds[i] = costs.seconds[size_t(order[i])];
+    out.memoryBytes[i] = costs.memoryBytes[size_t(order[i])];
+  }
+  return out;
+}
+
+OrderedPartition partitionOverOrders(const PipelineCosts& costs, double keepGivenWithin) {
+  checkShape(costs);
+  std::vector<int> order(costs.seconds.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::optional<OrderedPartition> given, best;
+  try {
+    given = OrderedPartition{order, partitionBalanced(costs)};
+  } catch (const ConfigError&) {
+    // no partition fits in the given order; another may
+  }
+  if (int(order.size()) > kMaxOrderedDevices) {
+    if (!given) failNoFit(costs, "balanced");
+    return *given;
+  }
+  do {
+    try {
+      Partition p = partitionBalanced(reordered(costs, order));
+      if (!best || p.stepSeconds < best->partition.stepSeconds)
+        best = OrderedPartition{order, std::move(p)};
+    } catch (const ConfigError&) {
+      // this order fits no partition
+    }
+  } while (std::next_permutation(order.begin(), order.end()));
+  if (!best) failNoFit(costs, "balanced");
+  if (given && given->partition.stepSeconds <= (1 + keepGivenWithin) * best->partition.stepSeconds)
+    return *given;
+  return *best;
 }
 
 Partition partitionBy(const std::string& mode, const PipelineCosts& costs) {

@@ -8,7 +8,8 @@
 //   chunk      one micro-batch of a step; a step pushes M chunks through the P stages.
 //   w_i        stage i's forward+backward seconds for one chunk: its blocks' times on its device.
 //   in flight  chunks whose forward ran on a stage and whose backward has not: at most
-//              min(P - i, M) on stage i under 1F1B, each holding that stage's activations.
+//              min(P - i, M) on stage i under 1F1B, each holding that stage's activations and
+//              its received input.
 //   step time  of 1F1B: sum_i w_i + (M - 1) * max_i w_i. One chunk fills and drains the pipeline
 //              (every stage once), the other M - 1 follow at the pace of the slowest stage.
 #pragma once
@@ -25,7 +26,12 @@ struct PipelineCosts {
   std::vector<int64_t> memoryBytes;      // per device: its cap; 0 = unlimited
   std::vector<int64_t> fixedBytes;       // per block: parameters, gradients, optimizer state
   std::vector<int64_t> activationBytes;  // per block: what one chunk in flight holds
-  int64_t chunks = 1;                    // M
+  // Per block: its input for one chunk (the previous block's output); empty: none counted. A stage
+  // that starts at block s > 0 receives that input and keeps it per chunk in flight; one that
+  // ends before the last block e receives the gradient of its output, inputBytes[e], one chunk at
+  // a time.
+  std::vector<int64_t> inputBytes;
+  int64_t chunks = 1;  // M
 };
 
 struct Partition {
@@ -57,6 +63,26 @@ Partition partitionEven(const PipelineCosts& costs);
 
 // "balanced" or "even"; ConfigError naming parallel.partition for anything else.
 Partition partitionBy(const std::string& mode, const PipelineCosts& costs);
+
+// A partition with the devices in some order: stage i runs on device order[i].
+struct OrderedPartition {
+  std::vector<int> order;
+  Partition partition;  // priced with the costs in that order
+};
+
+// Orders searched at most: every order of up to 6 devices (720); beyond, the given order only.
+constexpr int kMaxOrderedDevices = 6;
+
+// The balanced partition over every order of the devices (up to kMaxOrderedDevices of them; more
+// keep the given order): where caps differ, the device with the most memory tends to go where the
+// most activations wait (stage 0: min(P, M) chunks in flight), and a fast device where the heavy
+// blocks are. Another order is taken only when it is more than `keepGivenWithin` (relative)
+// faster than the given order's partition, or the given order fits no partition. ConfigError when
+// no order fits.
+OrderedPartition partitionOverOrders(const PipelineCosts& costs, double keepGivenWithin = 0.05);
+
+// `costs` with its devices in `order` (device order[i] as stage i).
+PipelineCosts reordered(const PipelineCosts& costs, const std::vector<int>& order);
 
 // The partition with these bounds, priced (stage times, bytes, step time).
 Partition pricePartition(const PipelineCosts& costs, std::vector<int64_t> bounds);

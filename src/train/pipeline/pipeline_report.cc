@@ -80,6 +80,10 @@ void PipelineReport::start(const std::string& what, const std::vector<std::strin
                       {"predicted_stage_s", chosen.stageSeconds[size_t(i)]},
                       {"predicted_bytes", chosen.stageBytes[size_t(i)]}});
   }
+  if (options_.reordered)
+    std::printf(
+        "  (devices reordered: that order's partition is faster, or the only one that "
+        "fits their memory)\n");
   std::printf("  predicted step %.2f ms (1F1B: sum + (chunks - 1) x slowest stage)",
               1e3 * chosen.stepSeconds);
   if (even > 0) std::printf("; an even partition: %.2f ms", 1e3 * even);

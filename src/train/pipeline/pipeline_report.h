@@ -56,6 +56,7 @@ struct PipelineReportOptions {
   std::string mode;  // parallel.partition
   int replicas = 1;  // pipelines
   int zeroStage = 0;
+  bool reordered = false;  // the stages' devices are not in [[devices]] order
 };
 
 // "fc0..fc1" for blocks [first, last) of `names`.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <tuple>
 
@@ -31,6 +32,27 @@ namespace {
 
 // Rounds of the start-up profile; the fastest of them counts (the first warms the allocator).
 constexpr int kProfileRounds = 3;
+
+// The part of a device's cap the partition may plan for: the rest is for what the profile does
+// not see (backward's transient buffers, the allocator's rounding), as the micro-batch bound of
+// data parallelism keeps 5% free (docs/memory.md).
+constexpr double kPlannedMemory = 0.95;
+
+// Per block: its input for one chunk of `samples` (the previous block's output), in bytes.
+std::vector<int64_t> inputBytesOf(const std::vector<std::vector<int64_t>>& outputShapes,
+                                  int64_t samples) {
+  std::vector<int64_t> bytes(outputShapes.size(), 0);
+  for (size_t b = 1; b < outputShapes.size(); ++b) {
+    int64_t values = samples;
+    for (int64_t d : outputShapes[b - 1]) values *= d;
+    bytes[b] = values * int64_t(sizeof(float));
+  }
+  return bytes;
+}
+
+int64_t plannedCap(int64_t capBytes) {
+  return capBytes > 0 ? std::max<int64_t>(1, int64_t(kPlannedMemory * double(capBytes))) : 0;
+}
 
 // What every rank reports about a step, all-gathered as float64.
 enum StatField {
@@ -127,7 +149,7 @@ balance::PipelineCosts shareCosts(const BlockProfile& mine, int64_t capBytes,
       costs.seconds[i][b] = std::max(costs.seconds[i][b], at[b]);
       costs.activationBytes[b] = std::max(costs.activationBytes[b], int64_t(at[blocks + b]));
     }
-    const int64_t cap = int64_t(at[2 * blocks]);  // 0: no cap
+    const int64_t cap = plannedCap(int64_t(at[2 * blocks]));  // 0: no cap
     if (cap > 0 && (costs.memoryBytes[i] == 0 || cap < costs.memoryBytes[i]))
       costs.memoryBytes[i] = cap;
   }
@@ -147,7 +169,7 @@ double evenStepSeconds(const balance::PipelineCosts& costs) {
 // the headroom each replica's device has beside the stage's parameters, gradients and in-flight
 // activations, a device without a cap counting as the roomiest of the others (all without: even).
 std::vector<int64_t> stageShards(const RunConfig& config, const balance::Partition& partition,
-                                 int stage, int64_t elements) {
+                                 const std::vector<int>& order, int stage, int64_t elements) {
   const int stages = partition.stages();
   const size_t replicas = config.devices.size() / size_t(stages);
   std::vector<double> headroom(replicas, -1.0);
@@ -157,7 +179,8 @@ std::vector<int64_t> stageShards(const RunConfig& config, const balance::Partiti
         int64_t(sizeof(float));
     const int64_t replicated = partition.stageBytes[size_t(stage)] - optimizerBytes;
     for (size_t j = 0; j < replicas; ++j) {
-      const int64_t cap = config.devices[j * size_t(stages) + size_t(stage)].memoryBytes;
+      const int64_t cap =
+          config.devices[j * size_t(stages) + size_t(order[size_t(stage)])].memoryBytes;
       if (cap > 0) headroom[j] = double(std::max<int64_t>(0, cap - replicated));
     }
   }
@@ -165,6 +188,16 @@ std::vector<int64_t> stageShards(const RunConfig& config, const balance::Partiti
   for (double& h : headroom)
     if (h < 0) h = roomiest < 0 ? 1.0 : roomiest;
   return proportionalShards(elements, headroom);
+}
+
+// "balanced": the least step over every order of the positions (balance::partitionOverOrders);
+// "even": equal block counts in the given order.
+balance::OrderedPartition choosePartition(const std::string& mode,
+                                          const balance::PipelineCosts& costs) {
+  if (mode == "balanced") return balance::partitionOverOrders(costs);
+  std::vector<int> given(costs.seconds.size());
+  std::iota(given.begin(), given.end(), 0);
+  return {given, balance::partitionBy(mode, costs)};
 }
 
 class PipelineRun {
@@ -180,11 +213,6 @@ class PipelineRun {
         compute_(int(device_.config.threads)) {
     HETRA_ENFORCE(world_->size() % stages_ == 0, world_->size(), " ranks in pipelines of ", stages_,
                   " stages");
-    comm::GroupOptions group;
-    group.timeout = Millis(int64_t(config.comm.timeoutS * 1000));
-    const int stage = world_->rank() % stages_;
-    pipe_ = replicas_ > 1 ? world_->split(replica_, stage, group) : world_;
-    stageReplicas_ = world_->split(stage, replica_, group);
     makeDataAndModel(options);
     sampler_.emplace(trainData_->size(), config.train.globalBatch, uint64_t(config.train.seed));
     totalSteps_ =
@@ -198,7 +226,8 @@ class PipelineRun {
     updateOptions_.optimizer = optimSpecOf(config.train);
     updateOptions_.zeroStage = int(config.zero.stage);
     if (updateOptions_.zeroStage == 1)
-      updateOptions_.shardSizes = stageShards(config, partition_, stage, stageElements());
+      updateOptions_.shardSizes =
+          stageShards(config, partition_, order_, span_.stage, stageElements());
     update_.emplace(stageParameters_, stageReplicas_, updateOptions_);
     PipelineReportOptions reportOptions;
     reportOptions.enabled = device_.rank == 0;
@@ -211,12 +240,14 @@ class PipelineRun {
     reportOptions.mode = config.parallel.partition;
     reportOptions.replicas = replicas_;
     reportOptions.zeroStage = int(config.zero.stage);
+    reportOptions.reordered = !std::is_sorted(order_.begin(), order_.end());
     report_.emplace(reportOptions);
   }
 
   TrainResult run() {
-    std::vector<std::string> devices;
-    for (const auto& d : config_.devices) devices.push_back(d.name);
+    std::vector<std::string> devices;  // by pipeline, then stage
+    for (int k = 0; k < world_->size(); ++k)
+      devices.push_back(config_.devices[size_t(rankAt(k / stages_, k % stages_))].name);
     report_->start(str(modelName_, " on ", trainData_->name()), devices, model_->blockNames(),
                    partition_, evenSeconds_);
     const auto start = Clock::now();
@@ -263,18 +294,31 @@ class PipelineRun {
         profileBlocks(*model_, chunk, compute_, slowdownAt(device_.config, 0), kProfileRounds);
     // Ranks that are threads of one process share its memory ledger: no cap is enforced there.
     const int64_t cap = device_.memory.enforced() ? device_.config.memoryBytes : 0;
-    const auto costs = shareCosts(profile, cap, fixedBytesOf(*model_, config_.train),
-                                  config_.parallel.chunks, stages_, *world_);
-    partition_ = balance::partitionBy(config_.parallel.partition, costs);
+    auto costs = shareCosts(profile, cap, fixedBytesOf(*model_, config_.train),
+                            config_.parallel.chunks, stages_, *world_);
+    costs.inputBytes = inputBytesOf(profile.outputShapes, chunk.targets.size(0));
+    const balance::OrderedPartition chosen = choosePartition(config_.parallel.partition, costs);
+    order_ = chosen.order;
+    partition_ = chosen.partition;
     evenSeconds_ = evenStepSeconds(costs);
     outputShapes_ = profile.outputShapes;
     // Moving blocks moves their optimizer state; ZeRO-1's shards are laid out over the stage's
     // tensors, so under it the partition stays.
     if (config_.parallel.partition == "balanced" && config_.parallel.repartition &&
         config_.zero.stage == 0)
-      watch_.emplace(costs, chunk.targets.size(0), partition_);
-    span_.stage = pipe_->rank();
+      watch_.emplace(balance::reordered(costs, order_), chunk.targets.size(0), partition_);
+    // This rank's stage (the position of its device in the order), its pipeline (the world
+    // itself for one pipeline, so that errors name world ranks; else split, ranked by position)
+    // and its stage's replicas.
+    const int position = world_->rank() % stages_;
+    const int stage = int(std::find(order_.begin(), order_.end(), position) - order_.begin());
+    comm::GroupOptions group;
+    group.timeout = Millis(int64_t(config_.comm.timeoutS * 1000));
+    pipe_ = replicas_ == 1 ? world_ : world_->split(replica_, position, group);
+    stageReplicas_ = world_->split(stage, replica_, group);
+    span_.stage = stage;
     span_.stages = stages_;
+    span_.ranks = order_;  // the pipeline's rank of stage i is its position
     span_.first = partition_.bounds[size_t(span_.stage)];
     span_.last = partition_.bounds[size_t(span_.stage) + 1];
     if (span_.first > 0) span_.inputShape = outputShapes_[size_t(span_.first) - 1];
@@ -308,6 +352,9 @@ class PipelineRun {
     for (const auto& p : stageParameters_) elements += p.numel();
     return elements;
   }
+
+  // The world rank of `stage` in pipeline `replica`: its device's position there.
+  int rankAt(int replica, int stage) const { return replica * stages_ + order_[size_t(stage)]; }
 
   // What this rank exchanged with its neighbours in the pipeline and with its stage's replicas.
   uint64_t bytesSent() const { return pipe_->bytesSent() + stageReplicas_->bytesSent(); }
@@ -406,16 +453,16 @@ class PipelineRun {
     record.shares = batches;
     double lossSum = 0;
     std::vector<double> pipelineSeconds(size_t(replicas_), 0.0);
-    for (int r = 0; r < world_->size(); ++r) {
+    for (int k = 0; k < world_->size(); ++k) {  // pipeline 0's stages in order, then 1's, ...
+      const int r = rankAt(k / stages_, k % stages_), stage = k % stages_;
       const double* row = all.data() + size_t(r) * kStatFields;
-      const int stage = r % stages_;
       lossSum += row[kLossSum];
       record.seconds = std::max(record.seconds, row[kStepSeconds]);
-      pipelineSeconds[size_t(r / stages_)] =
-          std::max(pipelineSeconds[size_t(r / stages_)], row[kRunSeconds]);
+      pipelineSeconds[size_t(k / stages_)] =
+          std::max(pipelineSeconds[size_t(k / stages_)], row[kRunSeconds]);
       StageRecord s;
       s.device = config_.devices[size_t(r)].name;
-      s.replica = r / stages_;
+      s.replica = k / stages_;
       s.first = partition_.bounds[size_t(stage)];
       s.last = partition_.bounds[size_t(stage) + 1];
       s.stageSeconds = row[kStageSeconds];
@@ -448,9 +495,9 @@ class PipelineRun {
   void watchPartition(int64_t step, const std::vector<double>& all) {
     std::vector<double> seconds(size_t(stages_), 0.0);
     std::vector<int64_t> samples(size_t(stages_), 0);
-    for (int r = 0; r < world_->size(); ++r) {
-      const double* row = all.data() + size_t(r) * kStatFields;
-      const size_t i = size_t(r % stages_);
+    for (int k = 0; k < world_->size(); ++k) {
+      const double* row = all.data() + size_t(rankAt(k / stages_, k % stages_)) * kStatFields;
+      const size_t i = size_t(k % stages_);
       const int64_t n = int64_t(row[kSamples]);
       if (n <= 0) continue;
       if (samples[i] == 0 ||
@@ -488,31 +535,35 @@ class PipelineRun {
       const int from = ownerIn(partition_.bounds, int64_t(b)),
                 to = ownerIn(next.bounds, int64_t(b));
       if (from == to || (me != from && me != to)) continue;
+      const int fromRank = span_.ranks[size_t(from)], toRank = span_.ranks[size_t(to)];
       const auto& params = model_->blockParameters(b);
       for (size_t k = 0; k < params.size(); ++k) {
         torch::Tensor p = params[k];
         if (me == from) {
           ParameterState state = update_->stateOf(p);
           double header[2] = {double(state.tensors.size()), double(state.steps)};
-          pipe_->send(header, 2, DType::F64, to, tag(b, k, 0))->wait();
-          pipe_->send(p.data_ptr<float>(), size_t(p.numel()), DType::F32, to, tag(b, k, 1))->wait();
+          pipe_->send(header, 2, DType::F64, toRank, tag(b, k, 0))->wait();
+          pipe_->send(p.data_ptr<float>(), size_t(p.numel()), DType::F32, toRank, tag(b, k, 1))
+              ->wait();
           for (size_t t = 0; t < state.tensors.size(); ++t) {
             const torch::Tensor x = state.tensors[t].contiguous();
-            pipe_->send(x.data_ptr<float>(), size_t(x.numel()), DType::F32, to, tag(b, k, 2 + t))
+            pipe_
+                ->send(x.data_ptr<float>(), size_t(x.numel()), DType::F32, toRank, tag(b, k, 2 + t))
                 ->wait();
           }
           p.set_data(torch::empty({0}, p.options()));
           continue;
         }
         double header[2] = {0, 0};
-        pipe_->recv(header, 2, DType::F64, from, tag(b, k, 0))->wait();
+        pipe_->recv(header, 2, DType::F64, fromRank, tag(b, k, 0))->wait();
         torch::Tensor values;
         {
           device::MemoryScope parameters(device::MemoryCategory::kParameters);
           values = torch::empty(blockShapes_[b][k], torch::kFloat32);
         }
         pipe_
-            ->recv(values.data_ptr<float>(), size_t(values.numel()), DType::F32, from, tag(b, k, 1))
+            ->recv(values.data_ptr<float>(), size_t(values.numel()), DType::F32, fromRank,
+                   tag(b, k, 1))
             ->wait();
         p.set_data(values);
         ParameterState state;
@@ -520,7 +571,8 @@ class PipelineRun {
         device::MemoryScope optimizerState(device::MemoryCategory::kOptimizerState);
         for (size_t t = 0; t < size_t(header[0]); ++t) {
           torch::Tensor x = torch::empty(blockShapes_[b][k], torch::kFloat32);
-          pipe_->recv(x.data_ptr<float>(), size_t(x.numel()), DType::F32, from, tag(b, k, 2 + t))
+          pipe_
+              ->recv(x.data_ptr<float>(), size_t(x.numel()), DType::F32, fromRank, tag(b, k, 2 + t))
               ->wait();
           state.tensors.push_back(x);
         }
@@ -553,6 +605,7 @@ class PipelineRun {
   const RunConfig& config_;
   std::shared_ptr<comm::Communicator> world_;
   const int stages_, replicas_, replica_;
+  std::vector<int> order_;  // stage i runs on the device at position order_[i] of its pipeline
   std::shared_ptr<comm::Communicator> pipe_;           // this rank's pipeline: rank = stage
   std::shared_ptr<comm::Communicator> stageReplicas_;  // this stage in every pipeline
   RankDevice device_;                                  // before every member that allocates tensors
@@ -612,6 +665,7 @@ std::string predictedPipeline(const RunConfig& config) {
   balance::PipelineCosts costs;
   costs.fixedBytes = fixedBytesOf(*model, config.train);
   costs.activationBytes = profile.activationBytes;
+  costs.inputBytes = inputBytesOf(profile.outputShapes, chunk.targets.size(0));
   costs.chunks = config.parallel.chunks;
   // Position i of the pipelines: its slowest device and its smallest cap, as the run does.
   const size_t stages = size_t(config.parallel.pipeline);
@@ -627,9 +681,13 @@ std::string predictedPipeline(const RunConfig& config) {
     std::vector<double> row;
     for (double t : profile.seconds) row.push_back(t * slowest);
     costs.seconds.push_back(std::move(row));
-    costs.memoryBytes.push_back(cap);
+    costs.memoryBytes.push_back(plannedCap(cap));
   }
-  const balance::Partition chosen = balance::partitionBy(config.parallel.partition, costs);
+  const balance::OrderedPartition ordered = choosePartition(config.parallel.partition, costs);
+  const balance::Partition& chosen = ordered.partition;
+  const auto deviceAt = [&](size_t replica, size_t stage) -> const DeviceConfig& {
+    return config.devices[replica * stages + size_t(ordered.order[stage])];
+  };
   const auto names = model->blockNames();
   std::string text = str(
       "# Pipeline: parallel.partition = \"", config.parallel.partition, "\"", ", ", chosen.stages(),
@@ -641,13 +699,16 @@ std::string predictedPipeline(const RunConfig& config) {
                 "the pipelines by their measured step times\n");
   for (int i = 0; i < chosen.stages(); ++i) {
     std::string on;
-    for (size_t j = 0; j < replicas; ++j)
-      on += str(j ? ", " : "", config.devices[j * stages + size_t(i)].name);
+    for (size_t j = 0; j < replicas; ++j) on += str(j ? ", " : "", deviceAt(j, size_t(i)).name);
     text += str("#   stage ", i, " on ", on, ": blocks ",
                 blockRange(names, chosen.bounds[size_t(i)], chosen.bounds[size_t(i) + 1]), " (",
                 chosen.blocksOf(i), "), ", formatMillis(chosen.stageSeconds[size_t(i)]),
                 " per chunk, ", device::readableBytes(chosen.stageBytes[size_t(i)]), "\n");
   }
+  if (!std::is_sorted(ordered.order.begin(), ordered.order.end()))
+    text +=
+        "#   the stages' devices are not in [[devices]] order: this order's partition is "
+        "more than 5% faster than the best in the given order, or the only one that fits\n";
   text += str("#   predicted step time ", formatMillis(chosen.stepSeconds),
               " (1F1B: sum of the stages + (chunks - 1) x the slowest)");
   const double even = evenStepSeconds(costs);
@@ -666,7 +727,7 @@ std::string predictedPipeline(const RunConfig& config) {
         double seconds = 0;
         for (int64_t b = chosen.bounds[i]; b < chosen.bounds[i + 1]; ++b)
           seconds += profile.seconds[size_t(b)];
-        w.push_back(seconds * slowdownAt(config.devices[j * stages + i], 0));
+        w.push_back(seconds * slowdownAt(deviceAt(j, i), 0));
       }
       const double t = balance::oneFOneBStepSeconds(w, costs.chunks);
       each += str(j ? ", " : "", formatMillis(t));

@@ -10,8 +10,9 @@ namespace hetra::train::pipeline {
 
 Stage::Stage(BlockModel& model, StageSpan span, comm::Communicator& comm)
     : model_(model), span_(std::move(span)), comm_(comm) {
-  HETRA_ENFORCE_EQ(comm.rank(), span_.stage, "rank r runs stage r");
+  HETRA_ENFORCE_EQ(int64_t(span_.ranks.size()), int64_t(span_.stages), "a rank per stage");
   HETRA_ENFORCE_EQ(comm.size(), span_.stages, "one rank per stage");
+  HETRA_ENFORCE_EQ(comm.rank(), span_.ranks[size_t(span_.stage)], "this rank runs its stage");
   HETRA_ENFORCE(
       0 <= span_.first && span_.first < span_.last && span_.last <= int64_t(model.blockCount()),
       "stage ", span_.stage, " holds blocks [", span_.first, ", ", span_.last, ") of ",
@@ -68,7 +69,7 @@ std::pair<double, double> Stage::evaluate(int64_t round, const std::vector<Batch
         std::vector<int64_t> shape{chunks[k].targets.size(0)};
         shape.insert(shape.end(), span_.inputShape.begin(), span_.inputShape.end());
         x = torch::empty(shape, torch::kFloat32);
-        comm_.recv(x.data_ptr<float>(), size_t(x.numel()), DType::F32, span_.stage - 1, evalTag(k))
+        comm_.recv(x.data_ptr<float>(), size_t(x.numel()), DType::F32, previous(), evalTag(k))
             ->wait();
       }
       torch::Tensor y =
@@ -77,8 +78,7 @@ std::pair<double, double> Stage::evaluate(int64_t round, const std::vector<Batch
         lossSum += summedLoss(y, chunks[k].targets).item<double>();
         correct += y.argmax(1).eq(chunks[k].targets).sum().item<double>();
       } else {
-        comm_.send(y.data_ptr<float>(), size_t(y.numel()), DType::F32, span_.stage + 1, evalTag(k))
-            ->wait();
+        comm_.send(y.data_ptr<float>(), size_t(y.numel()), DType::F32, next(), evalTag(k))->wait();
       }
     }
   });
@@ -97,7 +97,7 @@ void Stage::execute(const Step& s, int64_t step, const std::vector<Batch>& chunk
       torch::Tensor x = torch::empty(shape, torch::kFloat32);
       timeline::Span span(timeline::Lane::Compute, "comm", "receive activation");
       comm_
-          .recv(x.data_ptr<float>(), size_t(x.numel()), DType::F32, span_.stage - 1,
+          .recv(x.data_ptr<float>(), size_t(x.numel()), DType::F32, previous(),
                 tag(step, s.chunk, false))
           ->wait();
       inputs_[k] = x.requires_grad_(true);
@@ -119,7 +119,7 @@ void Stage::execute(const Step& s, int64_t step, const std::vector<Batch>& chunk
       const torch::Tensor y = outputs_[k].detach().contiguous();
       timeline::Span span(timeline::Lane::Compute, "comm", "send activation");
       comm_
-          .send(y.data_ptr<float>(), size_t(y.numel()), DType::F32, span_.stage + 1,
+          .send(y.data_ptr<float>(), size_t(y.numel()), DType::F32, next(),
                 tag(step, s.chunk, false))
           ->wait();
       return;
@@ -128,7 +128,7 @@ void Stage::execute(const Step& s, int64_t step, const std::vector<Batch>& chunk
       torch::Tensor g = torch::empty(outputs_[k].sizes(), torch::kFloat32);
       timeline::Span span(timeline::Lane::Compute, "comm", "receive gradient");
       comm_
-          .recv(g.data_ptr<float>(), size_t(g.numel()), DType::F32, span_.stage + 1,
+          .recv(g.data_ptr<float>(), size_t(g.numel()), DType::F32, next(),
                 tag(step, s.chunk, true))
           ->wait();
       gradients_[k] = g;
@@ -152,7 +152,7 @@ void Stage::execute(const Step& s, int64_t step, const std::vector<Batch>& chunk
       const torch::Tensor g = inputs_[k].grad().contiguous();
       timeline::Span span(timeline::Lane::Compute, "comm", "send gradient");
       comm_
-          .send(g.data_ptr<float>(), size_t(g.numel()), DType::F32, span_.stage - 1,
+          .send(g.data_ptr<float>(), size_t(g.numel()), DType::F32, previous(),
                 tag(step, s.chunk, true))
           ->wait();
       inputs_[k] = torch::Tensor();

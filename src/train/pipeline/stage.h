@@ -24,6 +24,7 @@ namespace hetra::train::pipeline {
 
 struct StageSpan {
   int stage = 0, stages = 1;
+  std::vector<int> ranks;       // the communicator's rank of each stage
   int64_t first = 0, last = 0;  // blocks [first, last)
   // Shape of one sample of this stage's input (the previous block's output); unused on stage 0.
   std::vector<int64_t> inputShape;
@@ -39,7 +40,8 @@ struct StageStep {
 
 class Stage {
  public:
-  // The communicator's rank r runs stage r; its neighbours are ranks r - 1 and r + 1.
+  // The communicator's rank span.ranks[i] runs stage i; its neighbours run stages i - 1 and
+  // i + 1.
   Stage(BlockModel& model, StageSpan span, comm::Communicator& comm);
 
   // One step of `chunks` (the first stage reads their inputs, the last their targets, every stage
@@ -58,6 +60,8 @@ class Stage {
 
  private:
   uint64_t tag(int64_t step, int64_t chunk, bool gradient) const;
+  int previous() const { return span_.ranks[size_t(span_.stage) - 1]; }
+  int next() const { return span_.ranks[size_t(span_.stage) + 1]; }
   // Runs `body`; on a failure aborts the group (the other stages wake at once) and rethrows.
   void abortOnFailure(const std::function<void()>& body);
   void execute(const Step& s, int64_t step, const std::vector<Batch>& chunks, double lossScale,
