@@ -460,13 +460,14 @@ std::vector<nlohmann::json> expectReplicasSameAsOneProcess(const RunConfig& conf
 }
 
 TEST(PipelineReplicas, TwoPipelinesOfDifferentSpeedsEqualOneProcess) {
-  // 2 pipelines of 2 stages, the second 3 times slower: the balancer moves samples to the first
+  // 2 pipelines of 2 stages, the second 6 times slower (layers wide enough that compute, not
+  // scheduling, sets the pace on a busy machine): the balancer moves samples to the first
   // (odd shares, 3 chunks each, uneven chunk sizes), and the training still equals one process.
   const auto steps = expectReplicasSameAsOneProcess(
-      pipelineConfig({"model.name=\"mlp\"", "model.hidden=[24, 16]", "train.momentum=0.9",
+      pipelineConfig({"model.name=\"mlp\"", "model.hidden=[256, 256]", "train.momentum=0.9",
                       "parallel.pipeline=2", "parallel.chunks=3", "balance.profile_steps=2",
-                      "devices=[{name=\"a0\"},{name=\"a1\"},{name=\"b0\",slowdown=3},"
-                      "{name=\"b1\",slowdown=3}]"}),
+                      "devices=[{name=\"a0\"},{name=\"a1\"},{name=\"b0\",slowdown=6},"
+                      "{name=\"b1\",slowdown=6}]"}),
       "replicas-two");
   ASSERT_FALSE(steps.empty());
   const auto first = steps.front()["shares"].get<std::vector<int64_t>>();
