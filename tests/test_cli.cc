@@ -438,15 +438,15 @@ TEST(Cli, RunTrainsThePipelineExample) {
 }
 
 // Devices of unequal memory listed small first: stage 0 keeps the most chunks in flight, so the
-// plan puts the 12 MiB device there (the given order's partition would be slower, its first
-// stage squeezed into 2 MiB), says so, and trains within every cap (the ledger enforces them in
-// the rank processes: a stage past its cap would fail the run).
+// plan puts the 12 MiB device there (a stage 0 on 1 or 1.5 MiB holds at most one block, leaving
+// the 12 MiB device most of the others: far slower), says so, and trains within every cap (the
+// ledger enforces them in the rank processes: a stage past its cap would fail the run).
 TEST(Cli, PipelinePutsTheLargestMemoryWhereTheMostActivationsWait) {
   const auto dir = tempDir("pipeline-order");
   const std::string example =
       std::string(HETRA_SOURCE_DIR) + "/examples/pipeline_three_devices.toml";
   const std::string devices =
-      " --set 'devices=[{name=\"a\",memory=\"2MiB\"},{name=\"b\",memory=\"3MiB\"},"
+      " --set 'devices=[{name=\"a\",memory=\"1MiB\"},{name=\"b\",memory=\"1536KiB\"},"
       "{name=\"c\",memory=\"12MiB\"}]'";
   const auto printed = run(kHetra + " run " + example + devices + " --print-config");
   ASSERT_EQ(printed.status, 0) << printed.output;
@@ -461,7 +461,7 @@ TEST(Cli, PipelinePutsTheLargestMemoryWhereTheMostActivationsWait) {
   std::ifstream in(metrics);
   std::string line;
   int steps = 0;
-  const std::map<std::string, int64_t> caps{{"a", 2 << 20}, {"b", 3 << 20}, {"c", 12 << 20}};
+  const std::map<std::string, int64_t> caps{{"a", 1 << 20}, {"b", 1536 << 10}, {"c", 12 << 20}};
   while (std::getline(in, line)) {
     const auto record = nlohmann::json::parse(line);
     if (record["event"] == "pipeline") EXPECT_EQ(record["stages"][0]["device"], "c") << line;
