@@ -243,6 +243,30 @@ Reference singleProcess(const RunConfig& config) {
   return ref;
 }
 
+// Trains `config` with one thread per device over the shared-memory transport, rank 0 writing
+// `metrics`; returns each rank's model as training left it.
+std::vector<std::shared_ptr<BlockModel>> trainOnThreads(const RunConfig& config,
+                                                        const fs::path& metrics) {
+  const int world = int(config.devices.size());
+  auto store = std::make_shared<store::MemoryStore>();
+  std::vector<std::shared_ptr<BlockModel>> models(static_cast<size_t>(world));
+  test::runRanks(world, [&](int rank) {
+    comm::GroupOptions group;
+    group.timeout = Millis(60000);
+    group.transport = "shm";
+    auto comm = comm::Communicator::create(store, rank, world, group);
+    TrainerOptions options;
+    options.metricsPath = metrics.string();
+    options.makeModel = [&] {
+      auto data = makeDataset(dataSpecOf(config), true);
+      models[size_t(rank)] = blockModel(config, *data);
+      return std::shared_ptr<Model>(models[size_t(rank)]);
+    };
+    train(config, comm, options);
+  });
+  return models;
+}
+
 // Trains the pipeline with one thread per stage over the shared-memory transport and compares
 // every step's loss and every trained block with the single process: bitwise, since every sum
 // runs in the same order (the chunks' gradients accumulate in chunk order on both sides).
@@ -254,22 +278,7 @@ void expectSameAsOneProcess(const RunConfig& config, const std::string& name,
   const int stages = int(config.parallel.pipeline);
   const auto dir = tempDir(name);
   const fs::path metrics = dir / "metrics.jsonl";
-  auto store = std::make_shared<store::MemoryStore>();
-  std::vector<std::shared_ptr<BlockModel>> models(static_cast<size_t>(stages));
-  test::runRanks(stages, [&](int rank) {
-    comm::GroupOptions group;
-    group.timeout = Millis(60000);
-    group.transport = "shm";
-    auto comm = comm::Communicator::create(store, rank, stages, group);
-    TrainerOptions options;
-    options.metricsPath = metrics.string();
-    options.makeModel = [&] {
-      auto data = makeDataset(dataSpecOf(config), true);
-      models[size_t(rank)] = blockModel(config, *data);
-      return std::shared_ptr<Model>(models[size_t(rank)]);
-    };
-    train(config, comm, options);
-  });
+  const auto models = trainOnThreads(config, metrics);
   const Reference ref = singleProcess(config);
   const auto steps = records(metrics, "pipeline_step");
   ASSERT_EQ(steps.size(), ref.losses.size());
@@ -399,22 +408,7 @@ std::vector<nlohmann::json> expectReplicasSameAsOneProcess(const RunConfig& conf
   const int replicas = world / stages;
   const auto dir = tempDir(name);
   const fs::path metrics = dir / "metrics.jsonl";
-  auto store = std::make_shared<store::MemoryStore>();
-  std::vector<std::shared_ptr<BlockModel>> models(static_cast<size_t>(world));
-  test::runRanks(world, [&](int rank) {
-    comm::GroupOptions group;
-    group.timeout = Millis(60000);
-    group.transport = "shm";
-    auto comm = comm::Communicator::create(store, rank, world, group);
-    TrainerOptions options;
-    options.metricsPath = metrics.string();
-    options.makeModel = [&] {
-      auto data = makeDataset(dataSpecOf(config), true);
-      models[size_t(rank)] = blockModel(config, *data);
-      return std::shared_ptr<Model>(models[size_t(rank)]);
-    };
-    train(config, comm, options);
-  });
+  const auto models = trainOnThreads(config, metrics);
   const Reference ref = singleProcess(config);
   const auto steps = records(metrics, "pipeline_step");
   EXPECT_EQ(steps.size(), ref.losses.size());
