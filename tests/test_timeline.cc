@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -177,10 +178,20 @@ void expectNested(std::vector<json> spans, const std::string& what) {
 TEST(Timeline, RunWritesEveryRanksEventsInASaneOrderOnOneClock) {
   const auto dir = tempDir("run");
   const auto trace = dir / "trace.json";
+  const auto metrics = dir / "metrics.jsonl";
   ASSERT_EQ(runQuiet(kHetra + " run " + kTiny + " --set train.steps=12 --set train.eval_every=5 " +
                      "--set train.checkpoint_every=6 --set train.checkpoint_dir=" +
-                     (dir / "ckpt").string() + " --timeline " + trace.string()),
+                     (dir / "ckpt").string() + " --timeline " + trace.string() + " --metrics " +
+                     metrics.string()),
             0);
+  // Whether the balancer changes the split within 12 steps follows measured times (on a busy
+  // machine it may keep the first split); every change it makes is one "new split" per rank.
+  int splitChanges = 0;
+  {
+    std::istringstream lines(slurp(metrics));
+    for (std::string line; std::getline(lines, line);)
+      if (!line.empty() && json::parse(line)["event"] == "balance") ++splitChanges;
+  }
   const json merged = json::parse(slurp(trace));
   ASSERT_EQ(merged["otherData"]["clock_offsets"].size(), 3u);
   std::map<int, std::vector<json>> byRank;
@@ -215,7 +226,7 @@ TEST(Timeline, RunWritesEveryRanksEventsInASaneOrderOnOneClock) {
     EXPECT_EQ(count["forward"] + count["optimizer step"], count["slowdown sleep"]) << who;
     EXPECT_EQ(count["evaluate"], 3) << who;  // steps 5, 10 and the end
     EXPECT_EQ(count["checkpoint"], 2) << who;
-    EXPECT_GE(count["new split"], 1) << who;  // the balancer's first split after profiling
+    EXPECT_EQ(count["new split"], splitChanges) << who;
     EXPECT_GE(count["allreduce"], 12) << who;
     EXPECT_GE(count["allgather"], 12) << who;  // the step's timings
     expectNested(compute, who + " compute lane");
