@@ -20,7 +20,7 @@ export CCACHE_NOHASHDIR := 1
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 endif
 
-.PHONY: all deps build test test-python test-asan test-tsan test-fuzz test-mpi build-cuda demo bench image format clean
+.PHONY: all deps build test test-python test-asan test-tsan test-fuzz test-mpi build-cuda build-rocm demo bench image format clean
 
 all: build
 
@@ -34,12 +34,12 @@ build: deps
 # Every test; the Python package's; then the communication, store, authentication, rank-environment,
 # training, launcher, CLI, elastic and config tests again under AddressSanitizer + UBSan and the
 # communication tests under ThreadSanitizer; then each fuzz target for FUZZ_SECONDS; then the MPI
-# transport; then the CUDA build where the toolkit is installed.
+# transport; then the CUDA build where the toolkit is installed and the ROCm build where hipcc is.
 # Each ctest run (and pytest) leaves a JUnit report; the last line of make test adds them all up.
 JUNIT := ctest-junit.xml
 PYTEST_JUNIT := pytest-junit.xml
 test: build
-	@rm -f $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
+	@rm -f $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD) $(ROCM_BUILD))
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300 --output-junit $(JUNIT)
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory test-asan
@@ -47,7 +47,8 @@ test: build
 	@$(MAKE) --no-print-directory test-fuzz
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory build-cuda
-	@scripts/test-summary.sh $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD))
+	@$(MAKE) --no-print-directory build-rocm
+	@scripts/test-summary.sh $(BUILD)/$(PYTEST_JUNIT) $(addsuffix /$(JUNIT),$(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(MPI_BUILD) $(CUDA_BUILD) $(ROCM_BUILD))
 
 # The Python package (python/): hetra._core from this build, its tests with pytest on real processes
 # (Debian's interpreter: the first python3 on PATH may not see Debian's torch and pytest).
@@ -93,10 +94,24 @@ NVCC ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 build-cuda: deps
 	@if [ -z "$(NVCC)" ]; then echo "build-cuda: skipped, no CUDA toolkit (nvcc) on this machine"; else \
 	  cmake -S . -B $(CUDA_BUILD) -G Ninja $(LAUNCHER) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
-	  cmake --build $(CUDA_BUILD) -j $(JOBS) --target hetra_cuda test_cuda hetra-gpu-check && \
+	  cmake --build $(CUDA_BUILD) -j $(JOBS) --target hetra_cuda test_cuda test_gpu_kernels hetra-gpu-check && \
 	  if nvidia-smi -L >/dev/null 2>&1; then \
 	    ctest --test-dir $(CUDA_BUILD) --output-on-failure -L gpu --output-junit $(JUNIT); \
 	  else echo "build-cuda: built; its GPU tests not run, no GPU on this machine"; fi; fi
+
+# The ROCm build (HETRA_WITH_ROCM: the codec kernels and the staging as HIP for AMD GPUs) compiles
+# wherever hipcc is installed (scripts/install-deps.sh installs Debian's); clang compiles the HIP
+# sources, the one hipcc runs (Debian 12: clang++-15). Its GPU tests run only where an AMD GPU is.
+ROCM_BUILD ?= build-rocm
+HIPCC ?= $(shell command -v hipcc)
+HIP_CXX ?= $(shell command -v clang++-15)
+build-rocm: deps
+	@if [ -z "$(HIPCC)" ] || [ -z "$(HIP_CXX)" ]; then echo "build-rocm: skipped, no hipcc and its clang on this machine"; else \
+	  cmake -S . -B $(ROCM_BUILD) -G Ninja $(LAUNCHER) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETRA_WITH_TORCH=OFF -DHETRA_WITH_PYTHON=OFF -DHETRA_WITH_ROCM=ON -DCMAKE_CXX_COMPILER=$(HIP_CXX) >/dev/null && \
+	  cmake --build $(ROCM_BUILD) -j $(JOBS) --target hetra_rocm test_gpu_kernels && \
+	  if [ -e /dev/kfd ]; then \
+	    ctest --test-dir $(ROCM_BUILD) --output-on-failure -L gpu --output-junit $(JUNIT); \
+	  else echo "build-rocm: built; its GPU tests not run, no AMD GPU on this machine"; fi; fi
 
 # libFuzzer targets (clang) of fuzz/: the config parser and every wire-frame decoder, briefly each.
 FUZZ_BUILD ?= build-fuzz
@@ -129,4 +144,4 @@ format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(MPI_BUILD) $(CUDA_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(MPI_BUILD) $(CUDA_BUILD) $(ROCM_BUILD)

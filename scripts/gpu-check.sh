@@ -9,7 +9,7 @@
 #   configure  -DHETRA_WITH_CUDA=ON, against the LibTorch that the machine's PyTorch ships
 #              (python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'); without PyTorch
 #              the training layer is left out and the last step is skipped
-#   build      test_cuda, hetra-gpu-check, the CPU-side tests of the GPU code
+#   build      test_cuda, test_gpu_kernels, hetra-gpu-check, the CPU-side tests of the GPU code
 #   cpu-tests  test_codec_gpu_elements, test_comm_staging, test_comm_bootstrap
 #   gpu-tests  ctest -L gpu: codec kernels vs the CPU codecs bit for bit, NCCL transport (one rank,
 #              every GPU when there are several, a rank that never joins), pinned staging over tcp
@@ -89,13 +89,13 @@ fi
 step configure 90 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DHETRA_WITH_CUDA=ON -DHETRA_WITH_TORCH=$WITH_TORCH -DCMAKE_CUDA_COMPILER="$NVCC" \
   ${TORCH_PREFIX:+-DCMAKE_PREFIX_PATH="$TORCH_PREFIX"}
-step build 240 cmake --build "$BUILD" -j "$JOBS" --target test_cuda hetra-gpu-check \
+step build 240 cmake --build "$BUILD" -j "$JOBS" --target test_cuda test_gpu_kernels hetra-gpu-check \
   test_codec_gpu_elements test_comm_staging test_comm_bootstrap
 
 # ---- tests and measurements
 step cpu-tests 60 bash -c "set -e; for t in test_codec_gpu_elements test_comm_staging \
   test_comm_bootstrap; do '$BUILD/tests/'\$t --gtest_brief=1; done"
-step gpu-tests 150 "$BUILD/tests/test_cuda"
+step gpu-tests 150 bash -c "set -e; '$BUILD/tests/test_gpu_kernels'; '$BUILD/tests/test_cuda'"
 if grep -q "SKIPPED" "$LOG/gpu-tests.log" 2>/dev/null; then
   note gpu-tests-skipped info "$(grep -c '^\[  SKIPPED \]' "$LOG/gpu-tests.log") skipped (see log)"
 fi

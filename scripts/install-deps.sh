@@ -17,6 +17,8 @@ build_packages=(
   buildah debootstrap
   # The Python module hetra._core and its tests (make test-python; pip install into a venv)
   python3-dev pybind11-dev python3-pytest python3-venv python3-torch
+  # The ROCm build (make build-rocm): HIP's compiler, runtime headers and the AMD device libraries
+  hipcc libamdhip64-dev rocm-device-libs
 )
 bench_packages=(python3 python3-torch)
 

@@ -21,7 +21,14 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
+// The device pass of nvcc (__CUDA_ARCH__) or of HIP's clang (__HIP_DEVICE_COMPILE__); the host pass
+// and the host compiler use the plain C++ definitions. No GPU header here: the CPU tests include
+// this.
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define HETRA_GPU_DEVICE_PASS 1
+#endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
 #define HETRA_HD __host__ __device__ __forceinline__
 #else
 #define HETRA_HD inline
@@ -30,7 +37,7 @@
 namespace hetra::cuda::elements {
 
 HETRA_HD uint32_t bitsOf(float value) {
-#if defined(__CUDA_ARCH__)
+#if defined(HETRA_GPU_DEVICE_PASS)
   return __float_as_uint(value);
 #else
   uint32_t bits;
@@ -40,7 +47,7 @@ HETRA_HD uint32_t bitsOf(float value) {
 }
 
 HETRA_HD float floatOf(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
+#if defined(HETRA_GPU_DEVICE_PASS)
   return __uint_as_float(bits);
 #else
   float value;
@@ -51,7 +58,7 @@ HETRA_HD float floatOf(uint32_t bits) {
 
 // IEEE operations rounded to nearest even, never contracted.
 HETRA_HD float divRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
+#if defined(HETRA_GPU_DEVICE_PASS)
   return __fdiv_rn(a, b);
 #else
   return a / b;
@@ -59,7 +66,7 @@ HETRA_HD float divRn(float a, float b) {
 }
 
 HETRA_HD float mulRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
+#if defined(HETRA_GPU_DEVICE_PASS)
   return __fmul_rn(a, b);
 #else
   return a * b;
@@ -67,7 +74,7 @@ HETRA_HD float mulRn(float a, float b) {
 }
 
 HETRA_HD float addRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
+#if defined(HETRA_GPU_DEVICE_PASS)
   return __fadd_rn(a, b);
 #else
   return a + b;
@@ -76,7 +83,7 @@ HETRA_HD float addRn(float a, float b) {
 
 // Exact for the small integers passed here (at most 2^10).
 HETRA_HD float smallIntToFloat(uint32_t value) {
-#if defined(__CUDA_ARCH__)
+#if defined(HETRA_GPU_DEVICE_PASS)
   return __uint2float_rn(value);
 #else
   return float(value);

@@ -110,7 +110,7 @@ __global__ void encodeFp8Kernel(const float* in, size_t count, size_t blockSize,
     for (size_t i = g.lane; i < n; i += group)
       largest = max(largest, el::finiteAbsBits(in[start + i]));
     for (unsigned offset = group / 2; offset > 0; offset /= 2)
-      largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, offset, group));
+      largest = max(largest, hetraShuffleXor(largest, offset, group));
     if (n == 0) continue;
     const float scale = Format::blockScale(el::floatOf(largest));
     if (g.lane == 0) el::storeScale(out + b * sizeof(float), scale);

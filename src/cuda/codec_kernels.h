@@ -11,11 +11,10 @@
 // it. Pointers may be unaligned (FP8 scales are stored bytewise); counts may be 0.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstddef>
 
 #include "comm/codec/codec.h"
+#include "cuda/gpu_runtime.h"
 
 namespace hetra::cuda {
 

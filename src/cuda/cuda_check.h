@@ -1,7 +1,7 @@
 // Turning CUDA runtime and NCCL status codes into hetra errors (internal to src/cuda).
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include "cuda/gpu_runtime.h"
 
 #include "common/errors.h"
 

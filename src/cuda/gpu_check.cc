@@ -208,7 +208,7 @@ void heterogeneous() {
 
 int main(int argc, char** argv) {
   using namespace hetra::cuda;
-  const int devices = cudaDeviceCount();
+  const int devices = gpuDeviceCount();
   if (devices == 0) {
     std::printf("gpu\tFAIL\t-\tno CUDA device visible\n");
     return 1;

@@ -389,15 +389,6 @@ void NcclRequest::wait(Deadline deadline) {
 
 }  // namespace
 
-int cudaDeviceCount() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" / "no driver" state
-    return 0;
-  }
-  return count;
-}
-
 std::unique_ptr<NcclTransport> createNcclTransport(std::shared_ptr<store::Store> store, int rank,
                                                    int size, const NcclOptions& options) {
   comm::enforceGroupMember("nccl transport", store.get(), rank, size);
@@ -433,7 +424,7 @@ void registerTransports() {
   comm::registerTransport(
       {"nccl", -1,
        [](const comm::TransportRequest&) -> std::string {
-         return cudaDeviceCount() > 0 ? "" : "no CUDA device is visible to this process";
+         return gpuDeviceCount() > 0 ? "" : "no CUDA device is visible to this process";
        },
        [](const comm::TransportRequest& r) -> std::unique_ptr<comm::Transport> {
          NcclOptions options;

@@ -22,8 +22,6 @@
 //   record (read while they wait) abort theirs too, so the group fails everywhere.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,6 +30,7 @@
 #include "comm/reduce.h"
 #include "comm/transport/transport.h"
 #include "common/dtype.h"
+#include "cuda/gpu_runtime.h"
 #include "store/store.h"
 
 namespace hetra::cuda {
@@ -63,8 +62,5 @@ std::unique_ptr<NcclTransport> createNcclTransport(std::shared_ptr<store::Store>
 // transport "nccl" is built on it; never chosen by "auto" (its buffers must be device memory).
 // hetra_comm does not link this library: a program built with CUDA calls this once, early.
 void registerTransports();
-
-// Devices this process can use (cudaGetDeviceCount; 0 when there is no driver or no GPU).
-int cudaDeviceCount();
 
 }  // namespace hetra::cuda

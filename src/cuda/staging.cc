@@ -33,7 +33,7 @@ PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
 
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   if (this != &other) {
-    if (data_) cudaFreeHost(data_);
+    if (data_) (void)cudaFreeHost(data_);  // freeing: nothing to do about a failure
     data_ = other.data_;
     bytes_ = other.bytes_;
     other.data_ = nullptr;
@@ -43,7 +43,7 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
 }
 
 PinnedBuffer::~PinnedBuffer() {
-  if (data_) cudaFreeHost(data_);
+  if (data_) (void)cudaFreeHost(data_);  // a destructor: nothing to do about a failure
 }
 
 void waitEvent(cudaEvent_t event, Deadline deadline, const char* what) {
@@ -73,9 +73,9 @@ DeviceStager::DeviceStager(size_t pieceBytes, int slots)
 
 DeviceStager::~DeviceStager() {
   for (auto event : events_)
-    if (event) cudaEventDestroy(event);
+    if (event) (void)cudaEventDestroy(event);
   // Every started copy was waited for (runStaged* drain on failure), so the slots are idle.
-  if (stream_) cudaStreamDestroy(stream_);
+  if (stream_) (void)cudaStreamDestroy(stream_);
 }
 
 void DeviceStager::ensureSlots(size_t bytes) {

@@ -7,14 +7,13 @@
 // rank): the pieces are separate messages of one tag, matched in order.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "comm/transport/transport.h"
 #include "common/timing.h"
+#include "cuda/gpu_runtime.h"
 
 namespace hetra::cuda {
 
