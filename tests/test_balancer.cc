@@ -9,6 +9,7 @@
 #include <random>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "balance/allocation.h"
 #include "balance/balancer.h"
@@ -26,10 +27,11 @@ std::vector<RankCaps> capsOf(const std::vector<int64_t>& caps) {
   return out;
 }
 
-// The test's own reckoning of a rank's step time, independent of predictSeconds: it runs `samples`
-// as micro-batches of at most `cap` samples, each paying the overhead once plus its samples' cost.
+// The test's own reckoning of a rank's step time, independent of predictSeconds: the step cost,
+// then `samples` as micro-batches of at most `cap` samples, each paying the overhead once plus
+// its samples' cost.
 double referenceSeconds(const CostModel& cost, int64_t samples, int64_t cap) {
-  double seconds = 0.0;
+  double seconds = cost.perStep;
   for (int64_t left = samples; left > 0; left -= std::min(left, cap))
     seconds += cost.overhead + cost.perSample * double(std::min(left, cap));
   return seconds;
@@ -73,7 +75,8 @@ double bruteForce(const std::vector<CostModel>& costs, const std::vector<int64_t
 
 TEST(Allocation, MatchesBruteForceOnSmallProblems) {
   std::mt19937 rng(11);
-  std::uniform_real_distribution<double> overhead(0.0, 2.0), perSample(0.1, 3.0);
+  std::uniform_real_distribution<double> overhead(0.0, 2.0), perSample(0.1, 3.0),
+      stepCost(0.0, 12.0);
   std::uniform_int_distribution<int64_t> cap(1, 6);
   int zeroShares = 0;
   for (int trial = 0; trial < 400; ++trial) {
@@ -83,6 +86,9 @@ TEST(Allocation, MatchesBruteForceOnSmallProblems) {
     for (size_t i = 0; i < n; ++i) {
       costs[i] = {trial % 5 == 0 ? 0.0 : overhead(rng), perSample(rng)};
       if (trial % 7 == 0 && i == 1) costs[i].perSample *= 40;  // a rank so slow it may get nothing
+      // A step cost on some ranks (an update at the device's speed), on some as large as several
+      // samples: it may be all a rank can afford.
+      if (trial % 4 == 1) costs[i].perStep = stepCost(rng);
       caps[i] = trial % 3 == 0 ? 1000 : cap(rng);
     }
     const int64_t total = int64_t(n) + trial % 13;
@@ -255,6 +261,44 @@ TEST(ThroughputModel, IgnoresASpikeAndSwitchesAfterALevelChange) {
   }
   EXPECT_GE(switched, 2);
   EXPECT_LE(switched, 5);
+}
+
+// The step cost is the median of the last steps' measurements: a slow update (the first step's,
+// which allocates the optimizer's state) does not count; a change of speed that the micro-batches
+// show takes the older step costs away with the older points; a saved model keeps them.
+TEST(ThroughputModel, StepCostIsTheRecentMedianAndFollowsAChangeOfSpeed) {
+  ThroughputModel model;
+  int64_t step = 0;
+  model.addStep(step, {{100, 1.0}});
+  model.addStepCost(step++, 0.9);  // the first update: 9x
+  for (; step < 7; ++step) {
+    model.addStep(step, {{100, 1.0}});
+    model.addStepCost(step, std::vector<double>{0.1, 0.09, 0.11}[size_t(step % 3)]);
+  }
+  EXPECT_DOUBLE_EQ(model.cost().perStep, 0.1);
+  EXPECT_DOUBLE_EQ(model.cost().stepSeconds(100, 1), 0.1 + model.cost().seconds(100, 1));
+  EXPECT_DOUBLE_EQ(model.cost().stepSeconds(0, 0), 0.1) << "paid whatever the share";
+  const ThroughputModel saved = ThroughputModel::fromJson(model.toJson());
+  EXPECT_DOUBLE_EQ(saved.cost().perStep, 0.1);
+  EXPECT_EQ(saved.toJson(), model.toJson());
+  // The device becomes 3x slower: compute and update alike. Once the change is detected the
+  // step cost is the new speed's alone, not the median of old and new.
+  for (; step < 7 + 3; ++step) {
+    model.addStep(step, {{100, 3.0}});
+    model.addStepCost(step, 0.3);
+  }
+  EXPECT_EQ(model.changes(), 1);
+  EXPECT_DOUBLE_EQ(model.cost().perStep, 0.3);
+  model.forgetPoints();
+  EXPECT_EQ(model.cost().perStep, 0.0);
+}
+
+TEST(ThroughputModel, StepCostMustBeAFiniteNonNegativeTimeOfALaterStep) {
+  ThroughputModel model;
+  model.addStepCost(3, 0.1);
+  EXPECT_THROW(model.addStepCost(3, 0.1), EnforceError);
+  EXPECT_THROW(model.addStepCost(4, -0.1), EnforceError);
+  EXPECT_THROW(model.addStepCost(5, std::nan("")), EnforceError);
 }
 
 // --- Simulated training runs -----------------------------------------------------------------

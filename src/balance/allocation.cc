@@ -18,7 +18,7 @@ int64_t microBatchSize(int64_t batch, int64_t cap) {
 }
 
 double predictSeconds(const CostModel& cost, int64_t batch, int64_t cap) {
-  return cost.seconds(batch, accumSteps(batch, cap));
+  return cost.stepSeconds(batch, accumSteps(batch, cap));
 }
 
 std::vector<int64_t> equalShares(int64_t globalBatch, size_t ranks) {
@@ -82,7 +82,9 @@ std::vector<int64_t> optimalShares(const std::vector<CostModel>& costs,
                                       : predictSeconds(costs[i], b, caps[i]);
   };
   auto fits = [&](size_t i, double level) {
-    int64_t lo = 0, hi = globalBatch;  // time(i, lo) <= level always holds for level >= 0
+    // 0 when even no sample fits below the level (a step cost above it): such a level fills too
+    // little and the bisection moves up.
+    int64_t lo = 0, hi = globalBatch;
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo + 1) / 2;
       if (time(i, mid) <= level)

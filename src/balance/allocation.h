@@ -8,7 +8,8 @@
 //               per micro-batch.
 //   m_i         micro-batch size ceil(b_i / k_i) <= cap_i: the same k_i micro-batches (same
 //               predicted time) but as even as possible, so no needlessly tiny last one.
-//   T_i(b)      predicted compute time k_i * a_i + c_i * b; nondecreasing in b, T_i(0) = 0.
+//   T_i(b)      predicted step time u_i + k_i * a_i + c_i * b (u_i the rank's step cost, paid
+//               whatever its share); nondecreasing in b, T_i(0) = u_i.
 //   level T     a candidate step time; fits_i(T) = max{b : T_i(b) <= T}.
 //
 // The least max_i T_i(b_i) is the B-th smallest value of the multiset {T_i(b) : all i, b >= 1}, so

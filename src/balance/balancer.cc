@@ -47,6 +47,9 @@ const Param kPersistParam("HETRA_BALANCE_PERSIST_STEPS", str(kDefaults.persistSt
                           "split changes");
 const Param kProfileParam("HETRA_BALANCE_PROFILE_STEPS", str(kDefaults.profileSteps),
                           "Steps measured on the equal split before the first balancing decision");
+const Param kStepCostsParam("HETRA_BALANCE_STEP_COSTS", kDefaults.stepCosts ? "1" : "0",
+                            "Count each rank's per-step cost (its optimizer step) in the split; 0 "
+                            "balances the micro-batches' compute alone (for comparison)");
 
 std::string percent(double fraction) {
   std::ostringstream os;
@@ -163,6 +166,7 @@ BalancerOptions BalancerOptions::fromParams(int64_t globalBatch) {
   o.minStepsBetweenChanges = narrowInt(kMinStepsParam.integer(), "HETRA_BALANCE_MIN_STEPS");
   o.persistSteps = narrowInt(kPersistParam.integer(), "HETRA_BALANCE_PERSIST_STEPS");
   o.profileSteps = narrowInt(kProfileParam.integer(), "HETRA_BALANCE_PROFILE_STEPS");
+  o.stepCosts = kStepCostsParam.flag();
   return o;
 }
 
@@ -175,7 +179,10 @@ std::string Plan::summary() const {
 }
 
 Balancer::Balancer(BalancerOptions options, std::vector<RankCaps> caps)
-    : options_(options), models_(caps.size()), pending_(caps.size()) {
+    : options_(options),
+      models_(caps.size()),
+      pending_(caps.size()),
+      pendingStepCosts_(caps.size(), -1.0) {
   validate(options_, caps);
   for (const auto& c : caps) caps_.push_back(std::min(c.maxMicroBatch, options_.globalBatch));
   const std::vector<int64_t> first = firstShares();
@@ -233,6 +240,12 @@ void Balancer::observe(int rank, int64_t microBatch, double seconds) {
   pending_[size_t(rank)].push_back({microBatch, seconds});
 }
 
+void Balancer::observeStepCost(int rank, double seconds) {
+  HETRA_ENFORCE(rank >= 0 && rank < ranks(), "rank ", rank, " of ", ranks());
+  HETRA_ENFORCE(std::isfinite(seconds) && seconds >= 0.0, "step cost ", seconds, "s");
+  if (options_.stepCosts) pendingStepCosts_[size_t(rank)] = seconds;
+}
+
 bool Balancer::modelsKnown() const {
   return std::all_of(models_.begin(), models_.end(),
                      [](const ThroughputModel& m) { return m.cost().known(); });
@@ -280,7 +293,7 @@ Plan Balancer::makePlan(const std::vector<int64_t>& shares) const {
     r.accumSteps = accumSteps(shares[i], caps_[i]);
     const CostModel& cost = models_[i].cost();
     if (cost.known()) {
-      r.predictedSeconds = cost.seconds(r.batch, r.accumSteps);
+      r.predictedSeconds = cost.stepSeconds(r.batch, r.accumSteps);
       r.overheadSeconds = cost.overhead;
       r.perSampleSeconds = cost.perSample;
     }
@@ -316,6 +329,8 @@ bool Balancer::endStep(int64_t step) {
   for (size_t i = 0; i < models_.size(); ++i) {
     models_[i].addStep(step, pending_[i]);
     pending_[i].clear();
+    if (pendingStepCosts_[i] >= 0.0) models_[i].addStepCost(step, pendingStepCosts_[i]);
+    pendingStepCosts_[i] = -1.0;
   }
 
   refreshPlan();
@@ -413,7 +428,8 @@ std::string Balancer::save() const {
                   {"min_steps_between_changes", options_.minStepsBetweenChanges},
                   {"persist_steps", options_.persistSteps},
                   {"profile_steps", options_.profileSteps},
-                  {"shares_within_caps", options_.sharesWithinCaps}};
+                  {"shares_within_caps", options_.sharesWithinCaps},
+                  {"step_costs", options_.stepCosts}};
   j["caps"] = caps_;
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : plan_.ranks)
@@ -426,6 +442,7 @@ std::string Balancer::save() const {
   j["models"] = nlohmann::json::array();
   for (const auto& m : models_) j["models"].push_back(m.toJson());
   j["pending"] = pending_;
+  j["pending_step_costs"] = pendingStepCosts_;
   j["steps_seen"] = stepsSeen_;
   j["last_step"] = lastStep_;
   j["change_step"] = changeStep_;
@@ -452,6 +469,7 @@ Balancer Balancer::load(const std::string& state) {
     options.persistSteps = o.at("persist_steps").get<int>();
     options.profileSteps = o.at("profile_steps").get<int>();
     options.sharesWithinCaps = o.value("shares_within_caps", false);  // absent before 2026-12-03
+    options.stepCosts = o.value("step_costs", true);                  // absent before 2026-12-05
     std::vector<RankCaps> caps;
     for (const auto& c : j.at("caps")) caps.push_back({c.get<int64_t>()});
     Balancer b(options, caps);
@@ -466,6 +484,8 @@ Balancer Balancer::load(const std::string& state) {
     for (size_t i = 0; i < caps.size(); ++i) {
       b.models_[i] = ThroughputModel::fromJson(models[i]);
       b.pending_[i] = pending[i].get<std::vector<std::pair<int64_t, double>>>();
+      if (j.contains("pending_step_costs"))  // absent before 2026-12-05
+        b.pendingStepCosts_[i] = j.at("pending_step_costs").at(i).get<double>();
       const auto& r = ranks[i];
       b.plan_.ranks[i] = {r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>(),
                           r.at(3).get<double>(),  r.at(4).get<double>(),  r.at(5).get<double>()};

@@ -10,7 +10,7 @@
 //               change of the split, and the reason for the last change.
 //   candidate   the optimal plan under the current cost models.
 //   gain        (T(plan) - T(candidate)) / T(plan), both predicted by the current models
-//               (compute time only: communication does not depend on the split).
+//               (compute time and step costs: communication does not depend on the split).
 //   draws       64 sets (kDraws) of cost models drawn from each rank's fit uncertainty (its
 //               covariance), from a generator seeded by the step: the same on every rank. The
 //               same draws price every split of a step, so splits near each other, predicted from
@@ -90,9 +90,12 @@ struct BalancerOptions {
   // hold the global batch: for ZeRO stages 2 and 3, where a rank that accumulates holds the whole
   // gradient, which its cap need not hold (docs/zero.md). Where they do not, ranks accumulate.
   bool sharesWithinCaps = false;
+  // Count the ranks' step costs (observeStepCost); off, they are ignored: the split then equalises
+  // the micro-batches' compute alone, as before 2026-12-05 (kept to measure the difference).
+  bool stepCosts = true;
 
   // Defaults overridden by HETRA_BALANCE_MODE, _THRESHOLD, _MIN_STEPS, _PERSIST_STEPS,
-  // _PROFILE_STEPS.
+  // _PROFILE_STEPS, _STEP_COSTS.
   static BalancerOptions fromParams(int64_t globalBatch);
 };
 
@@ -105,7 +108,7 @@ struct RankAssignment {
   int64_t batch = 0;       // b_i: this rank's share of the step's samples
   int64_t microBatch = 0;  // m_i: at most this many samples per micro-batch
   int64_t accumSteps = 0;  // k_i = ceil(b_i / m_i) micro-batches; the last may be smaller than m_i
-  double predictedSeconds = 0.0;  // compute time predicted by the rank's current model (0: unknown)
+  double predictedSeconds = 0.0;  // step cost + compute time, by the current model (0: unknown)
   double overheadSeconds = 0.0;   // the model behind the prediction: a_i per micro-batch ...
   double perSampleSeconds = 0.0;  // ... and c_i per sample
 };
@@ -134,6 +137,10 @@ class Balancer {
   // One micro-batch of `microBatch` samples took `seconds` of compute (forward + backward) on
   // `rank`.
   void observe(int rank, int64_t microBatch, double seconds);
+  // The step's step cost on `rank` (throughput_model.h, "step cost"): seconds it spent outside its
+  // micro-batches that every share pays alike, e.g. its optimizer step. Optional: a rank never
+  // observed so has a step cost of 0.
+  void observeStepCost(int rank, double seconds);
   // Call once all ranks' observations of `step` are in (steps increase). Returns true if the plan
   // changed; the new plan applies from the next step on.
   bool endStep(int64_t step);
@@ -193,6 +200,7 @@ class Balancer {
   std::vector<int64_t> caps_;  // clamped to globalBatch
   std::vector<ThroughputModel> models_;
   std::vector<std::vector<std::pair<int64_t, double>>> pending_;  // this step's observations
+  std::vector<double> pendingStepCosts_;  // this step's step costs, -1 where none
   Plan plan_;
   int64_t stepsSeen_ = 0;
   int64_t lastStep_ = std::numeric_limits<int64_t>::min();

@@ -216,13 +216,35 @@ void ThroughputModel::refit(int64_t now) {
   if (speedChanged()) {
     points_.erase(points_.begin(),
                   points_.begin() + ptrdiff_t(firstOfLastSteps(points_, kChangeSteps)));
+    // The update runs on the same device: its older costs are the old speed's too.
+    const int64_t since = points_.front().step;
+    std::erase_if(stepCosts_, [&](const auto& c) { return c.first < since; });
     ++changes_;
   }
   cost_ = robustFit(points_, now, latestSize(points_));
+  updateStepCost();
+}
+
+void ThroughputModel::addStepCost(int64_t step, double seconds) {
+  HETRA_ENFORCE(std::isfinite(seconds) && seconds >= 0.0, "step cost ", seconds, "s");
+  HETRA_ENFORCE(stepCosts_.empty() || stepCosts_.back().first < step,
+                "steps must increase: step cost of step ", step, " after ",
+                stepCosts_.back().first);
+  stepCosts_.push_back({step, seconds});
+  if (stepCosts_.size() > size_t(kStepCostWindow)) stepCosts_.erase(stepCosts_.begin());
+  updateStepCost();
+}
+
+void ThroughputModel::updateStepCost() {
+  std::vector<double> seconds;
+  for (const auto& c : stepCosts_) seconds.push_back(c.second);
+  cost_.perStep = seconds.empty() ? 0.0 : median(std::move(seconds));
 }
 
 void ThroughputModel::forgetPoints() {
   points_.clear();
+  stepCosts_.clear();
+  cost_.perStep = 0.0;
   ++changes_;
 }
 
@@ -233,7 +255,8 @@ nlohmann::json ThroughputModel::toJson() const {
            {cost_.overhead, cost_.perSample, cost_.relativeError, cost_.noise,
             cost_.overheadVariance, cost_.covariance, cost_.perSampleVariance}},
           {"changes", changes_},
-          {"points", points}};
+          {"points", points},
+          {"step_costs", stepCosts_}};
 }
 
 ThroughputModel ThroughputModel::fromJson(const nlohmann::json& j) {
@@ -246,6 +269,9 @@ ThroughputModel ThroughputModel::fromJson(const nlohmann::json& j) {
   for (const auto& p : j.at("points"))
     model.points_.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<double>(),
                              p.at(3).get<int64_t>()});
+  if (j.contains("step_costs"))  // absent before 2026-12-05
+    model.stepCosts_ = j.at("step_costs").get<std::vector<std::pair<int64_t, double>>>();
+  model.updateStepCost();
   return model;
 }
 

@@ -34,6 +34,14 @@
 //   uncertainty  the covariance of (overhead, perSample) of the weighted least squares, noise^2
 //                times the inverse of the weighted normal matrix: how far the tangent may be off,
 //                from which a prediction's standard error at any size follows.
+//   step cost    seconds the rank spends once per step, outside its micro-batches, whatever its
+//                share, before its next micro-batch can start: data parallelism's optimizer step,
+//                which an emulated device's slowdown stretches as it stretches compute (a device
+//                four times slower updates the same parameters four times slower). The median of
+//                the last kStepCostWindow steps' measurements (forgotten with the points on a
+//                change of speed). It adds to every share's time alike, so it moves samples away
+//                from ranks whose update is slow; leaving it out equalises the micro-batches'
+//                ends while the slow update still delays the slow rank's start.
 #pragma once
 
 #include <cstdint>
@@ -52,11 +60,16 @@ struct CostModel {
   double noise = 0.0;  // relative spread of one step's point around the fit
   // Covariance of the estimates (seconds^2, seconds^2 per sample, seconds^2 per sample^2).
   double overheadVariance = 0.0, covariance = 0.0, perSampleVariance = 0.0;
+  double perStep = 0.0;  // u: seconds per step whatever the share (see "step cost")
 
   bool known() const { return perSample > 0.0; }
   // Predicted compute time of `samples` samples run as `microBatches` micro-batches.
   double seconds(int64_t samples, int64_t microBatches) const {
     return samples <= 0 ? 0.0 : double(microBatches) * overhead + perSample * double(samples);
+  }
+  // The rank's predicted step: its step cost plus seconds(samples, microBatches).
+  double stepSeconds(int64_t samples, int64_t microBatches) const {
+    return perStep + seconds(samples, microBatches);
   }
   // Standard error of seconds(samples, microBatches) from the fit's uncertainty (the timing noise
   // of a single future step not included: that is `noise`).
@@ -86,9 +99,13 @@ class ThroughputModel {
   static constexpr double kOverheadPrior = 0.3;
   static constexpr double kNoisePrior = 0.05;
   static constexpr double kNoisePriorPoints = 2.0;
+  static constexpr int kStepCostWindow = 7;
 
   // Adds one step's observations (micro-batch size, seconds) and refits. No observation: no change.
   void addStep(int64_t step, const std::vector<std::pair<int64_t, double>>& observations);
+
+  // Adds one step's measured step cost (seconds >= 0) and updates cost().perStep.
+  void addStepCost(int64_t step, double seconds);
 
   // Forgets every point so far (an outside signal says the speed changed); the cost model stays
   // until the next addStep refits from the new points alone.
@@ -106,7 +123,10 @@ class ThroughputModel {
   void refit(int64_t now);
   bool speedChanged() const;
 
-  std::vector<ThroughputPoint> points_;  // ordered by step
+  void updateStepCost();
+
+  std::vector<ThroughputPoint> points_;                // ordered by step
+  std::vector<std::pair<int64_t, double>> stepCosts_;  // (step, seconds), the last few steps
   CostModel cost_;
   int64_t changes_ = 0;
 };

@@ -188,8 +188,10 @@ void Report::printDeviceTable(const StepRecord& record) {
   if (record.ranks.empty()) return;
   if (options_.progressBar) std::printf("\n");
   if (record.idealSamplesPerSecond > 0)
-    std::printf("  balancer: ideal %.0f samples/s (compute only), split in use %.1f%% from it\n",
-                record.idealSamplesPerSecond, 100.0 * record.regret);
+    std::printf(
+        "  balancer: ideal %.0f samples/s (compute and update, no communication), split in use "
+        "%.1f%% from it\n",
+        record.idealSamplesPerSecond, 100.0 * record.regret);
   std::printf("  %-10s %7s %12s %12s %10s %10s %11s\n", "device", "share", "micro x acc",
               "samples/s", "compute_s", "comm_s", "peak mem");
   for (const RankStep& rank : record.ranks) {

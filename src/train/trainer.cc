@@ -50,6 +50,7 @@ enum StatField {
   kActivationDevicePeak,
   kUpdateElements,  // ZeRO: the shard this step's optimizer updated, and its seconds of compute
   kUpdateSeconds,
+  kStepCostSeconds,  // outside the micro-batches, whatever the share: the balancer's step cost
   kPeakBytes,  // device memory: the device categories' peak, -1 when unknown; then each category's
   kMemoryFirst,
   kFixedFields = kMemoryFirst + int(device::kMemoryCategories)
@@ -309,6 +310,8 @@ class Run {
       addToRound(report, stepStart);
       if (!periodic_->endsRound(step)) return secondsSince(stepStart);
       report = std::move(round_.report);
+      round_.report.clear();  // the next local step starts the next round
+      report[kStepCostSeconds] /= double(round_.steps);  // the balancer's model is per step
       report[kCommSeconds] += periodic_->average();
     }
     if (options_.replicaGroup && options_.replicaGroup->size() > 1)
@@ -320,6 +323,7 @@ class Run {
   }
 
   void optimizerStep(int64_t step, std::vector<double>& report) {
+    const auto start = Clock::now();
     timeline::Span optimizerSpan(timeline::Lane::Compute, "compute", "optimizer step");
     {
       device::MemoryScope state(device::MemoryCategory::kOptimizerState);
@@ -339,8 +343,16 @@ class Run {
         optimizer_->step();
       }
     }
-    if (zero_) report[kCommSeconds] += zero_->shareParameters();  // not a compute segment
-    if (!zero_) parallel_->clearGradients();
+    if (zero_) {
+      report[kCommSeconds] += zero_->shareParameters();  // not a compute segment
+    } else {
+      parallel_->clearGradients();
+      // Each rank updates every parameter after the all-reduce and before its next micro-batch,
+      // at its own speed: a step cost for the balancer (balance/throughput_model.h). ZeRO's update
+      // lies between two collectives instead, where the slowest shard sets everyone's pace and
+      // the batch split cannot help (the shard follower does).
+      report[kStepCostSeconds] = secondsSince(start);
+    }
   }
 
   // ZeRO stage 1 without clipping: finish, update and share overlapped
@@ -377,8 +389,11 @@ class Run {
     if (total.empty()) {
       total.assign(kStatFields, 0.0);
       round_.start = stepStart;
+      round_.steps = 0;
     }
-    for (int f : {kLossSum, kSamples, kComputeSeconds, kCommSeconds}) total[f] += step[f];
+    for (int f : {kLossSum, kSamples, kComputeSeconds, kCommSeconds, kStepCostSeconds})
+      total[f] += step[f];
+    ++round_.steps;
     // The round's activations are its largest micro-batch's (DeviceMemory::endMicroBatch's rule).
     if (std::pair(step[kActivationSamples], step[kActivationDevicePeak]) >
         std::pair(total[kActivationSamples], total[kActivationDevicePeak]))
@@ -498,6 +513,7 @@ class Run {
       samples += row[kSamples];
       for (int o = 0; o < int(row[kObservations]); ++o)
         balancer_->observe(r, int64_t(row[kFixedFields + 2 * o]), row[kFixedFields + 2 * o + 1]);
+      balancer_->observeStepCost(r, row[kStepCostSeconds]);
       const auto& share = gather.plan.ranks[size_t(r)];
       record.ranks.push_back({config_.devices[size_t(r)].name, share.batch, share.microBatch,
                               share.accumSteps, row[kComputeSeconds], row[kCommSeconds],
@@ -595,6 +611,7 @@ class Run {
   struct RoundReport {
     std::vector<double> report;  // summed over the round's local steps (addToRound)
     Clock::time_point start;     // of its first local step
+    int steps = 0;               // local steps in it so far
   } round_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   device::SlowdownEmulator emulator_;
