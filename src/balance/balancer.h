@@ -115,7 +115,7 @@ struct RankAssignment {
 
 struct Plan {
   std::vector<RankAssignment> ranks;
-  double predictedStepSeconds = 0.0;  // max over ranks of the predicted compute time
+  double predictedStepSeconds = 0.0;  // max over ranks of predictedSeconds
   int64_t version = 0;                // 0 for the initial plan, +1 on every change of the split
   std::string reason;  // why the split is what it is, e.g. "rebalance at step 103: ..."
 

@@ -107,8 +107,9 @@ class ThroughputModel {
   // Adds one step's measured step cost (seconds >= 0) and updates cost().perStep.
   void addStepCost(int64_t step, double seconds);
 
-  // Forgets every point so far (an outside signal says the speed changed); the cost model stays
-  // until the next addStep refits from the new points alone.
+  // Forgets every point and step cost so far (an outside signal says the speed changed); the
+  // fitted line stays until the next addStep refits from the new points alone, the step cost is 0
+  // until the next addStepCost.
   void forgetPoints();
 
   const CostModel& cost() const { return cost_; }

@@ -282,7 +282,8 @@ class Run {
     // all-reduces nothing; its timings reach the balancer with the round's.
     const bool local = periodic_ && periodic_->localAt(step);
     std::vector<double> report(kStatFields, 0.0);
-    if (!local || periodic_->takesStep(step)) {
+    const bool takesStep = !local || periodic_->takesStep(step);
+    if (takesStep) {
       const auto indices = sampler_->indices(step, batchesOf(plan), device_.rank);
       if (zero_)
         zero_->beginStep(int64_t(microBatchSizes(mine.batch, mine.accumSteps).size()),
@@ -307,11 +308,14 @@ class Run {
       if (local) periodic_->tookStep(mine.batch);
     }
     if (local) {
-      addToRound(report, stepStart);
+      addToRound(report, stepStart, takesStep);
       if (!periodic_->endsRound(step)) return secondsSince(stepStart);
       report = std::move(round_.report);
       round_.report.clear();  // the next local step starts the next round
-      report[kStepCostSeconds] /= double(round_.steps);  // the balancer's model is per step
+      // The balancer's model is per step: the mean over the steps this rank took (in time mode a
+      // slow rank skips some); -1, no observation, where it took none.
+      report[kStepCostSeconds] =
+          round_.stepsTaken > 0 ? report[kStepCostSeconds] / double(round_.stepsTaken) : -1.0;
       report[kCommSeconds] += periodic_->average();
     }
     if (options_.replicaGroup && options_.replicaGroup->size() > 1)
@@ -384,16 +388,16 @@ class Run {
 
   // Sums a local step's report into its round's: the fields, and its observations while there is
   // room for them.
-  void addToRound(const std::vector<double>& step, Clock::time_point stepStart) {
+  void addToRound(const std::vector<double>& step, Clock::time_point stepStart, bool taken) {
     auto& total = round_.report;
     if (total.empty()) {
       total.assign(kStatFields, 0.0);
       round_.start = stepStart;
-      round_.steps = 0;
+      round_.stepsTaken = 0;
     }
     for (int f : {kLossSum, kSamples, kComputeSeconds, kCommSeconds, kStepCostSeconds})
       total[f] += step[f];
-    ++round_.steps;
+    if (taken) ++round_.stepsTaken;
     // The round's activations are its largest micro-batch's (DeviceMemory::endMicroBatch's rule).
     if (std::pair(step[kActivationSamples], step[kActivationDevicePeak]) >
         std::pair(total[kActivationSamples], total[kActivationDevicePeak]))
@@ -513,7 +517,7 @@ class Run {
       samples += row[kSamples];
       for (int o = 0; o < int(row[kObservations]); ++o)
         balancer_->observe(r, int64_t(row[kFixedFields + 2 * o]), row[kFixedFields + 2 * o + 1]);
-      balancer_->observeStepCost(r, row[kStepCostSeconds]);
+      if (row[kStepCostSeconds] >= 0.0) balancer_->observeStepCost(r, row[kStepCostSeconds]);
       const auto& share = gather.plan.ranks[size_t(r)];
       record.ranks.push_back({config_.devices[size_t(r)].name, share.batch, share.microBatch,
                               share.accumSteps, row[kComputeSeconds], row[kCommSeconds],
@@ -611,7 +615,7 @@ class Run {
   struct RoundReport {
     std::vector<double> report;  // summed over the round's local steps (addToRound)
     Clock::time_point start;     // of its first local step
-    int steps = 0;               // local steps in it so far
+    int stepsTaken = 0;          // local steps so far in which this rank trained
   } round_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   device::SlowdownEmulator emulator_;
