@@ -44,7 +44,10 @@ copy() {
 copy /usr/include/nlohmann /usr/share/cmake/nlohmann_json
 copy /usr/include/CLI /usr/share/cmake/CLI11
 copy /usr/include/toml++ "$LIB/cmake/tomlplusplus" "$LIB"/libtomlplusplus.so*
-copy /usr/include/openssl "/usr/include/$ARCH/openssl" "$LIB"/libcrypto.so*
+copy /usr/include/openssl "$LIB"/libcrypto.so*
+# The architecture's configuration headers, which Debian keeps apart, go beside the others: the
+# GPU machine's compiler does not search include/$ARCH of this prefix.
+cp -L "/usr/include/$ARCH/openssl/"*.h "$DIR/include/openssl/"
 copy /usr/include/zlib.h /usr/include/zconf.h "$LIB"/libz.so "$LIB"/libz.so.1
 copy /usr/include/gtest /usr/include/gmock "$LIB/cmake/GTest" "$LIB"/libgtest*.a "$LIB"/libgmock*.a
 copy /usr/include/yaml-cpp "$LIB/cmake/yaml-cpp" "$LIB"/libyaml-cpp.so*

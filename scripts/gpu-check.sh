@@ -115,7 +115,9 @@ step build 240 cmake --build "$BUILD" -j "$JOBS" --target test_cuda test_gpu_ker
 # ---- tests and measurements
 step cpu-tests 60 bash -c "set -e; for t in test_codec_gpu_elements test_comm_staging \
   test_comm_bootstrap; do '$BUILD/tests/'\$t --gtest_brief=1; done"
-step gpu-tests 150 bash -c "set -e; '$BUILD/tests/test_gpu_kernels'; '$BUILD/tests/test_cuda'"
+# Both binaries run whatever the first gives; the step fails when either does.
+step gpu-tests 150 bash -c "'$BUILD/tests/test_gpu_kernels'; a=\$?; '$BUILD/tests/test_cuda'; b=\$?; \
+  exit \$((a ? a : b))"
 if grep -q "SKIPPED" "$LOG/gpu-tests.log" 2>/dev/null; then
   note gpu-tests-skipped info "$(grep -c '^\[  SKIPPED \]' "$LOG/gpu-tests.log") skipped (see log)"
 fi

@@ -1,8 +1,8 @@
 // The element conversions of the GPU codec kernels (src/cuda/codec_elements.h), compiled here with
 // the host compiler, against the CPU codecs (comm/codec): every 16-bit and 8-bit code, random
 // float32 bit patterns of every class, the block scale rule, and whole buffers laid out as the
-// kernels lay them out. Runs in every build, with or without CUDA; test_cuda compares the kernels
-// themselves on a GPU.
+// kernels lay them out. Runs in every build, with or without a GPU toolkit; test_gpu_kernels
+// compares the kernels themselves on a GPU.
 #include <gtest/gtest.h>
 
 #include <cfloat>

@@ -1,7 +1,8 @@
 // The GPU runtime API of src/cuda, for NVIDIA (CUDA) or AMD (HIP on ROCm) from one source.
 //
 // The codec kernels and the pinned staging are written against the CUDA runtime API. A ROCm build
-// (HETRA_WITH_ROCM, which defines HETRA_HIP and compiles the same files with hipcc) maps the few
+// (HETRA_WITH_ROCM, which defines HETRA_HIP and compiles the same files as HIP with the clang that
+// hipcc runs) maps the few
 // CUDA names they use to their HIP equivalents here, which behave alike for these calls: streams,
 // events, pinned host memory, asynchronous copies, error strings. Only this header knows both.
 //
