@@ -5,6 +5,7 @@ python/ directory, where hetra/_core*.so lies) next to the sources in python/; w
 installed hetra (pip install .).
 """
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -29,9 +30,19 @@ sys.path[:0] = [p for p in python_path().split(os.pathsep)[:2] if p]
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, from below the kernel's ephemeral range (ip_local_port_range, 32768 up on
+    Linux): a port from that range (bind to 0) can be handed to another process's outgoing
+    connection, mpirun's for one, between this call and the server's listen."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32767 on 127.0.0.1")
 
 
 def base_env(**extra):
