@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -1127,11 +1128,12 @@ TEST(ZeroTrainer, EveryStageTrainsAndEvaluatesAsDataParallel) {
   }
 }
 
-// `hetra run`'s loop on devices of speeds 1, 1/3 and 1/9 without caps (3x apart: a busy machine's
-// noise in the timings does not swap them): once every optimizer step is
-// measured the shards move once (a "shards" record), the fastest device's growing and the slowest's
-// shrinking, and the run trains as one whose shards stay put (zero.follow_speed = false) does, to
-// float rounding. Under shards = "even" nothing moves.
+// `hetra run`'s loop on devices of speeds 1, 1/3 and 1/9 without caps: once every optimizer step
+// is measured the shards move once (a "shards" record), the fastest device's growing past each
+// slow one's and the slowest's shrinking below the even share, and the run trains as one whose
+// shards stay put (zero.follow_speed = false) does, to float rounding. Under shards = "even"
+// nothing moves. The slow devices are not compared with each other: their updates take well under
+// a millisecond, which a busy machine's scheduling can swap (a fresh machine's make test did).
 TEST(ZeroTrainer, ShardsFollowTheMeasuredSpeedAndTrainAsFixedShardsDo) {
   torch::set_num_threads(1);
   struct Outcome {
@@ -1169,8 +1171,10 @@ TEST(ZeroTrainer, ShardsFollowTheMeasuredSpeedAndTrainAsFixedShardsDo) {
     ASSERT_EQ(following.moves.size(), 1u) << "stage " << stage;
     const auto& moved = following.moves.front();
     ASSERT_EQ(moved.size(), size_t(kRanks));
+    const int64_t even = std::accumulate(moved.begin(), moved.end(), int64_t(0)) / kRanks;
     EXPECT_GT(moved[0], moved[1]) << "stage " << stage;
-    EXPECT_GT(moved[1], moved[2]) << "stage " << stage;
+    EXPECT_GT(moved[0], moved[2]) << "stage " << stage;
+    EXPECT_LT(moved[2], even) << "stage " << stage;
     for (int r = 0; r < kRanks; ++r) {
       const TrainResult &a = following.results[size_t(r)], &b = fixed.results[size_t(r)];
       EXPECT_NEAR(a.lastLoss, b.lastLoss, 1e-5 * std::abs(b.lastLoss)) << "stage " << stage;
