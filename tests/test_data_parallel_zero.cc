@@ -1129,11 +1129,12 @@ TEST(ZeroTrainer, EveryStageTrainsAndEvaluatesAsDataParallel) {
 }
 
 // `hetra run`'s loop on devices of speeds 1, 1/3 and 1/9 without caps: once every optimizer step
-// is measured the shards move once (a "shards" record), the fastest device's growing past each
-// slow one's and the slowest's shrinking below the even share, and the run trains as one whose
+// is measured the shards move once (a "shards" record), the fastest device's growing past the
+// slowest's and the slowest's shrinking below the even share, and the run trains as one whose
 // shards stay put (zero.follow_speed = false) does, to float rounding. Under shards = "even"
-// nothing moves. The slow devices are not compared with each other: their updates take well under
-// a millisecond, which a busy machine's scheduling can swap (a fresh machine's make test did).
+// nothing moves. Only the devices 9x apart are compared: the updates take well under a
+// millisecond, and a loaded machine's scheduling swapped the 1/3 device with each of the others
+// (a fresh machine's make test, then a CI run under ctest -j2).
 TEST(ZeroTrainer, ShardsFollowTheMeasuredSpeedAndTrainAsFixedShardsDo) {
   torch::set_num_threads(1);
   struct Outcome {
@@ -1172,7 +1173,6 @@ TEST(ZeroTrainer, ShardsFollowTheMeasuredSpeedAndTrainAsFixedShardsDo) {
     const auto& moved = following.moves.front();
     ASSERT_EQ(moved.size(), size_t(kRanks));
     const int64_t even = std::accumulate(moved.begin(), moved.end(), int64_t(0)) / kRanks;
-    EXPECT_GT(moved[0], moved[1]) << "stage " << stage;
     EXPECT_GT(moved[0], moved[2]) << "stage " << stage;
     EXPECT_LT(moved[2], even) << "stage " << stage;
     for (int r = 0; r < kRanks; ++r) {
