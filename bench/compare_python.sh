@@ -3,10 +3,11 @@
 # run: the same MLP script (bench/python/mlp_bench.py) under DDP + Gloo with the equal split, DDP +
 # Gloo with the proportional split, DDP on backend="hetra" (equal and proportional) and hetra.torch
 # with its balancer, on emulated devices {1,2,4} and {1,1}, and one run where a device slows x3
-# mid-run. Needs a quiet machine with a core per rank: on a busy one the numbers measure the other
-# load, not hetra.
-#   bench/compare_python.sh [BUILD]        (BUILD: the build with tools/hetra/hetra and python/)
-# Prints one JSON line per run (rank 0's) to stdout.
+# mid-run; beside them `hetra run` on the same model and devices (examples/fashion_mnist_hetero.toml).
+# Needs a quiet machine: on a busy one the numbers measure the other load, not hetra.
+#   [ROUNDS=3] [STEPS=300] bench/compare_python.sh [BUILD]   (BUILD: with tools/hetra/hetra, python/)
+# Prints one JSON line per run (rank 0's) to stdout, tagged with its round, then the medians over
+# rounds and the ratios the issue's targets name (taken within each round, then the median).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -15,19 +16,49 @@ export PYTHONPATH=$build/python:$root/python${PYTHONPATH:+:$PYTHONPATH}
 export OMP_NUM_THREADS=1
 python=${PYTHON:-/usr/bin/python3}
 steps=${STEPS:-300}
+rounds=${ROUNDS:-1}
+warmup=20
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+# hetra launch --slowdowns gives each rank its factor (HETRA_SLOWDOWNS, which the script reads) and
+# binds the ranks to cores by duty cycle, as hetra run does, for every variant alike.
 run() {
-  local np=$1; shift
-  "$hetra" launch -np "$np" -- "$python" "$root/bench/python/mlp_bench.py" --steps "$steps" "$@"
+  local np=$1 slowdowns=$2; shift 2
+  "$hetra" launch -np "$np" --slowdowns "$slowdowns" -- \
+    "$python" "$root/bench/python/mlp_bench.py" --steps "$steps" --warmup "$warmup" "$@" |
+    tagged
 }
-for slowdowns in 1,2,4 1,1; do
-  np=$(($(tr -cd , <<<"$slowdowns" | wc -c) + 1))
-  run "$np" --slowdowns "$slowdowns" --variant ddp-equal --backend gloo
-  run "$np" --slowdowns "$slowdowns" --variant ddp-proportional --backend gloo
-  run "$np" --slowdowns "$slowdowns" --variant ddp-equal --backend hetra
-  run "$np" --slowdowns "$slowdowns" --variant ddp-proportional --backend hetra
-  run "$np" --slowdowns "$slowdowns" --variant hetra
+tagged() { "$python" -c "import json, sys
+for line in sys.stdin:
+    r = json.loads(line); r['round'] = $round; print(json.dumps(r), flush=True)" | tee -a "$results"; }
+# hetra run on the demo cluster (slowdowns 1, 2, 4): samples/s over the same steps after the same
+# warm-up, from its step records.
+hetra_run() {
+  local metrics
+  metrics=$(mktemp)
+  "$hetra" run "$root/examples/fashion_mnist_hetero.toml" --set train.steps=$((warmup + steps)) \
+    --set train.eval_every=0 --metrics "$metrics" >/dev/null
+  "$python" -c "import json, sys
+steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get('event') == 'step'][$warmup:]
+print(json.dumps({'variant': 'hetra run', 'backend': 'hetra', 'slowdowns': '1,2,4', 'change': '',
+                  'steps': len(steps), 'samples_per_s': round(sum(r['samples'] for r in steps)
+                  / sum(r['step_time_s'] for r in steps), 1),
+                  'split': [r['batch'] for r in steps[-1]['ranks']]}))" "$metrics" | tagged
+  rm -f "$metrics"
+}
+for round in $(seq 1 "$rounds"); do
+  for slowdowns in 1,2,4 1,1; do
+    np=$(($(tr -cd , <<<"$slowdowns" | wc -c) + 1))
+    run "$np" "$slowdowns" --variant ddp-equal --backend gloo
+    run "$np" "$slowdowns" --variant ddp-proportional --backend gloo
+    run "$np" "$slowdowns" --variant ddp-equal --backend hetra
+    run "$np" "$slowdowns" --variant ddp-proportional --backend hetra
+    run "$np" "$slowdowns" --variant hetra
+  done
+  hetra_run
+  # A device slows x3 a third of the way in: a static split cannot follow, the balancer can.
+  change=$((steps / 3 + warmup)):0:3
+  run 3 1,2,4 --change "$change" --variant ddp-proportional --backend gloo
+  run 3 1,2,4 --change "$change" --variant hetra
 done
-# A device slows x3 a third of the way in: a static split cannot follow, the balancer can.
-change=$((steps / 3 + 20)):0:3
-run 3 --slowdowns 1,2,4 --change "$change" --variant ddp-proportional --backend gloo
-run 3 --slowdowns 1,2,4 --change "$change" --variant hetra
+"$python" "$root/bench/python/summarize_python.py" "$results"

@@ -1,16 +1,19 @@
 """One rank of the Python comparison (bench/compare_python.sh): the MLP 784-512-512-10 on
 Fashion-MNIST, global batch 512, one BLAS thread, in-memory tensors indexed by batch (x[idx]), on
-emulated devices (--slowdowns, one factor per rank; --change STEP:RANK:FACTOR slows a device
-mid-run). Rank 0 prints one JSON line: {"variant", "slowdowns", "steps", "seconds", "samples_per_s"}.
+emulated devices (--slowdowns, one factor per rank, default HETRA_SLOWDOWNS as `hetra launch
+--slowdowns` sets it; --change STEP:RANK:FACTOR slows a device mid-run). Rank 0 prints one JSON
+line: {"variant", "slowdowns", "steps", "seconds", "samples_per_s"}.
 
 Variants:
   ddp-equal         DDP, equal split (what most scripts do)
   ddp-proportional  DDP, a static split proportional to the known speeds, the loss rescaled by
                     b_i * size / B so that DDP's mean gives the full batch's gradient
   hetra             hetra.torch: HeteroSampler + DistributedOptimizer, the balancer moving the split
-DDP runs on --backend (gloo or hetra). A DDP rank emulates its slowdown in a comm hook: before its
-first bucket leaves, the backward so far is stretched to `slowdown` times its CPU work, so its
-peers wait as they would for a slow device (hetra.torch does the same before its gradients leave).
+DDP runs on --backend (gloo or hetra). Every variant applies the emulation's rule
+(docs/benchmarks.md) alike, as hetra run does: the forward and backward (one segment) are stretched
+to `slowdown` times their CPU work before the last gradient bucket leaves, and the optimizer step
+after it runs. A DDP rank does it in its comm hook (at the last bucket) and around opt.step();
+hetra.torch's DistributedOptimizer does the same itself.
 """
 import argparse
 import json
@@ -31,7 +34,7 @@ from hetra import _core  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--variant", required=True, choices=["ddp-equal", "ddp-proportional", "hetra"])
 parser.add_argument("--backend", default="gloo", choices=["gloo", "hetra"])
-parser.add_argument("--slowdowns", required=True)
+parser.add_argument("--slowdowns", default=os.environ.get("HETRA_SLOWDOWNS", ""))
 parser.add_argument("--change", default="", help="STEP:RANK:FACTOR")
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--warmup", type=int, default=20)
@@ -41,7 +44,7 @@ torch.set_num_threads(1)
 
 ht.init()
 rank, size = ht.rank(), ht.size()
-slowdowns = [float(s) for s in args.slowdowns.split(",")]
+slowdowns = [float(s) for s in args.slowdowns.split(",")] if args.slowdowns else [1.0] * size
 if len(slowdowns) != size:
     sys.exit(f"--slowdowns has {len(slowdowns)} factors for {size} ranks")
 change = [float(v) for v in args.change.split(":")] if args.change else None
@@ -82,13 +85,17 @@ else:
     emulator = _core.SlowdownEmulator()
     phase = {}
 
+    def end_segment():
+        # The compute since the last mark, stretched to `slowdown` times its CPU work.
+        s = slowdown_at(phase["step"])
+        if s > 1.0:
+            emulator.end_phase(s, time.perf_counter() - phase["wall"],
+                               time.thread_time() - phase["work"])
+        phase.update(wall=time.perf_counter(), work=time.thread_time())
+
     def emulating_allreduce(state, bucket):
-        if phase["pending"]:  # the first bucket of this backward to leave
-            phase["pending"] = False
-            s = slowdown_at(phase["step"])
-            if s > 1.0:
-                emulator.end_phase(s, time.perf_counter() - phase["wall"],
-                                   time.thread_time() - phase["work"])
+        if bucket.is_last():  # forward and backward: one segment, stretched before it leaves
+            end_segment()
         tensor = bucket.buffer().div_(size)
         work = dist.all_reduce(tensor, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])
@@ -108,17 +115,22 @@ for step, indices in zip(range(args.warmup + args.steps), batches()):
     if args.variant == "hetra":
         opt.slowdown = slowdown_at(step)
     else:
-        phase.update(step=step, wall=time.perf_counter(), work=time.thread_time(), pending=True)
+        phase.update(step=step, wall=time.perf_counter(), work=time.thread_time())
     opt.zero_grad(set_to_none=True)  # torch >= 2.0's default, for every variant alike
     loss = torch.nn.functional.cross_entropy(trained(x[indices]), y[indices])
     if args.variant == "ddp-proportional":
         loss = loss * (len(indices) * size / B)  # DDP divides by size: this makes it b_i / B
     loss.backward()
-    opt.step()
+    if args.variant == "hetra":
+        opt.step()  # stretches its own optimizer step
+    else:
+        phase.update(wall=time.perf_counter(), work=time.thread_time())
+        opt.step()
+        end_segment()
 seconds = time.perf_counter() - start
 if rank == 0:
     print(json.dumps({"variant": args.variant, "backend": args.backend if args.variant != "hetra"
-                      else "hetra.torch", "slowdowns": args.slowdowns, "change": args.change,
+                      else "hetra.torch", "slowdowns": ",".join(f"{f:g}" for f in slowdowns), "change": args.change,
                       "steps": args.steps, "seconds": round(seconds, 3),
                       "samples_per_s": round(args.steps * B / seconds, 1),
                       # the split of the last step (the balancer's, for hetra.torch)

@@ -174,6 +174,10 @@ void bindTraining(py::module_& module) {
       .def_property_readonly("plan", &balance::Balancer::plan)
       .def("observe", &balance::Balancer::observe, py::arg("rank"), py::arg("micro_batch"),
            py::arg("seconds"))
+      .def("observe_step_cost", &balance::Balancer::observeStepCost, py::arg("rank"),
+           py::arg("seconds"),
+           "Seconds `rank` spent this step outside its samples, alike for any share (its "
+           "optimizer step).")
       .def("end_step", &balance::Balancer::endStep, py::arg("step"),
            "Returns True when the split changed (the new plan applies from the next step on).");
 

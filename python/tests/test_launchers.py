@@ -113,3 +113,27 @@ def test_hetra_launch_gives_each_rank_its_slowdown():
                "-c", script])
     assert sorted(re.findall(r"rank \d slowdown [0-9.]+", out)) == [
         "rank 0 slowdown 1", "rank 1 slowdown 2", "rank 2 slowdown 4"], out
+
+
+def cpus_by_rank(extra_env):
+    script = ("import os; print(f'rank {os.environ[\"RANK\"]} cpus "
+              "{sorted(os.sched_getaffinity(0))}', flush=True)")
+    out = subprocess.run([hetra_binary(), "launch", "-np", "3", "--slowdowns", "1,2,4", "--",
+                          sys.executable, "-c", script], env=base_env(**extra_env),
+                         capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = dict(re.findall(r"rank (\d) cpus (\[[0-9, ]*\])", out.stdout))
+    assert sorted(found) == ["0", "1", "2"], out.stdout
+    return [set(eval(found[str(r)])) for r in range(3)]  # noqa: S307 (lists of ints we printed)
+
+
+def test_hetra_launch_binds_slowed_ranks_to_cores_by_duty_cycle():
+    # As hetra run does: duty cycles 1, 1/2 and 1/4 (one thread each) fit two cores, the fast rank
+    # on a core of its own, each slowed one on a core whose duties add up to at most one.
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("one CPU: duty cycles 1 + 1/2 + 1/4 do not fit, nothing is bound")
+    fast, half, quarter = cpus_by_rank({})
+    assert all(len(cpus) == 1 and cpus <= allowed for cpus in (fast, half, quarter))
+    assert not fast & (half | quarter), (fast, half, quarter)
+    assert cpus_by_rank({"HETRA_PIN": "0"}) == [allowed] * 3

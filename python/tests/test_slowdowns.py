@@ -1,5 +1,6 @@
 """HETRA_SLOWDOWNS gives each rank its emulated slowdown (one factor per rank); a wrong list is
 refused naming the variable."""
+import re
 import subprocess
 import sys
 
@@ -25,3 +26,38 @@ def test_a_list_for_another_world_size_is_refused():
     out = run("1,2")
     assert out.returncode != 0
     assert "HETRA_SLOWDOWNS='1,2' has 2 factors; allowed: one per rank (1)" in out.stderr
+
+
+STRETCH = """
+import time, torch, hetra.torch as ht
+ht.init()
+torch.set_num_threads(1)
+model = torch.nn.Linear(512, 512)
+inner = torch.optim.Adam(model.parameters(), lr=1e-3)
+work = []
+def timed_step(closure=None, step=inner.step):
+    start = time.thread_time()
+    step(closure)
+    work.append(time.thread_time() - start)
+inner.step = timed_step
+opt = ht.DistributedOptimizer(inner, model, slowdown=4)
+for _ in range(5):
+    opt.zero_grad()
+    model(torch.randn(8, 512)).sum().backward()
+    opt.step()
+for cost, cpu in zip(opt.step_cost_seconds, work):
+    print(f"step cost {cost:.6f} optimizer cpu {cpu:.6f}")
+"""
+
+
+def test_a_slowed_optimizer_step_is_stretched_and_is_the_step_cost():
+    # The optimizer step is a compute segment of its own (docs/benchmarks.md): a device of
+    # slowdown 4 takes at least 4 times its CPU work, and that is the step cost the balancer sees.
+    out = subprocess.run([sys.executable, "-c", STRETCH], env=base_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pairs = [(float(a), float(b)) for a, b in
+             re.findall(r"step cost ([0-9.]+) optimizer cpu ([0-9.]+)", out.stdout)]
+    assert len(pairs) == 5, out.stdout
+    for cost, cpu in pairs:
+        assert cpu > 0 and cost >= 3.9 * cpu, pairs

@@ -53,7 +53,8 @@ const char* kUsage =
     "                         (default: this host's address on the route to the first host)\n"
     "  --grace SECONDS        after a rank fails, the others get this long (default 5)\n"
     "  --slowdowns LIST       emulated slow devices, one factor >= 1 per rank (1,2,4): the ranks'\n"
-    "                         HETRA_SLOWDOWNS, applied by hetra.torch\n";
+    "                         HETRA_SLOWDOWNS, applied by hetra.torch; local ranks are bound to\n"
+    "                         cores by duty cycle as hetra run binds them (HETRA_PIN=0: not)\n";
 
 int parsePositive(const std::string& option, const std::string& text) {
   char* end = nullptr;
@@ -81,8 +82,8 @@ std::string shellQuote(const std::string& word) {
 }
 
 // "1,2,4": one factor >= 1 per rank; ConfigError naming the list otherwise.
-void checkSlowdowns(const std::string& list, int np) {
-  int factors = 0;
+std::vector<double> parseSlowdowns(const std::string& list, int np) {
+  std::vector<double> factors;
   std::istringstream items(list);
   std::string item;
   while (std::getline(items, item, ',')) {
@@ -90,11 +91,21 @@ void checkSlowdowns(const std::string& list, int np) {
     const double factor = std::strtod(item.c_str(), &end);
     if (item.empty() || *end != 0 || !(factor >= 1 && factor <= 1e6))
       throw ConfigError(str("--slowdowns ", list, ": '", item, "' is not a factor from 1 to 1e6"));
-    ++factors;
+    factors.push_back(factor);
   }
-  if (factors != np)
-    throw ConfigError(
-        str("--slowdowns ", list, ": ", factors, " factors for -np ", np, "; give one per rank"));
+  if (int(factors.size()) != np)
+    throw ConfigError(str("--slowdowns ", list, ": ", factors.size(), " factors for -np ", np,
+                          "; give one per rank"));
+  return factors;
+}
+
+// The threads each rank computes with: OMP_NUM_THREADS as the ranks inherit it, else 1 (the
+// emulation's rule, docs/benchmarks.md: a slowed rank's work is its computing thread's CPU time).
+int rankThreads() {
+  const char* text = std::getenv("OMP_NUM_THREADS");
+  char* end = nullptr;
+  const long threads = text ? std::strtol(text, &end, 10) : 0;
+  return text && end != text && *end == 0 && threads >= 1 && threads <= 1024 ? int(threads) : 1;
 }
 
 int totalSlots(const std::vector<HostSlots>& hosts) {
@@ -224,7 +235,7 @@ LaunchOptions parseLaunchArguments(const std::vector<std::string>& args) {
       throw ConfigError(str("launch: -np ", o.np, " is more than the ", slots,
                             " slots of the hosts; add --oversubscribe to allow it"));
   }
-  if (!o.slowdowns.empty()) checkSlowdowns(o.slowdowns, o.np);
+  if (!o.slowdowns.empty()) parseSlowdowns(o.slowdowns, o.np);
   return o;
 }
 
@@ -280,7 +291,16 @@ int runLaunch(const LaunchOptions& o) {
     // Any program: its failure message shows the rank's last lines. A rank linked with hetra
     // beats as well, so a stopped one is found within HETRA_HANG_TIMEOUT_S.
     job.captureStderr = true;
-    if (!o.slowdowns.empty()) job.environment[kSlowdowns.env()] = o.slowdowns;
+    if (!o.slowdowns.empty()) {
+      job.environment[kSlowdowns.env()] = o.slowdowns;
+      // Emulated devices are packed onto cores by duty cycle as hetra run packs them (a slowed
+      // rank's sleeps leave room for another; the fast one keeps a core to itself), so that a
+      // script under hetra launch and a config under hetra run see the same machine. Nothing is
+      // pinned where the duty cycles do not fit the cores, or with HETRA_PIN=0.
+      std::vector<double> duty;
+      for (double factor : parseSlowdowns(o.slowdowns, o.np)) duty.push_back(1.0 / factor);
+      job.cpuSets = launch::packByDuty(duty, std::vector<int>(duty.size(), rankThreads()));
+    }
     return launch::runLocalJob(job).code;
   }
   const std::string address =

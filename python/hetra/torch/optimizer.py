@@ -77,7 +77,8 @@ class DistributedOptimizer:
     """
 
     def __init__(self, optimizer, model=None, sampler=None, bucket_bytes=4 << 20,
-                 compression="none", compression_min_bytes=65536, slowdown=None, comm=None):
+                 direct_bytes=256 << 10, compression="none", compression_min_bytes=65536,
+                 slowdown=None, comm=None):
         self.optimizer = optimizer
         self._comm = comm if comm is not None else _runtime.init().comm
         self._sampler = sampler if sampler is not None else HeteroSampler.latest()
@@ -93,7 +94,8 @@ class DistributedOptimizer:
             strangers = [i for i, p in enumerate(params) if id(p) not in known]
             if strangers:
                 raise ValueError(f"the optimizer's parameters {strangers} are not the model's")
-        self._buckets = self._make_buckets(params, bucket_bytes)
+        self._buckets = self._make_buckets(params, bucket_bytes, direct_bytes)
+        self._launched = 0  # buckets launched this step, in list order
         self._hooks = []
         for bucket in self._buckets:
             for p in bucket.params:
@@ -101,19 +103,31 @@ class DistributedOptimizer:
         self._syncing = True
         self._synchronized = False  # this step's gradients are in (synchronize() ran)
         self._compute_wall = 0.0  # seconds of this step's compute phase, stretched
+        self._step_start = 0.0  # when this step's compute phase began (the last step() ended)
         self._pending_times = None  # (step, every rank's compute seconds, their allgather)
         self.steps = 0
         self.compute_seconds = []  # this rank's compute time of each step (the balancer's input)
-        self._restart_phase()
+        self.step_cost_seconds = []  # this rank's optimizer step of each step, stretched
+        self._step_start = self._restart_segment()
 
     @staticmethod
-    def _make_buckets(params, bucket_bytes):
+    def _make_buckets(params, bucket_bytes, direct_bytes):
+        # Backward order. A parameter of at least direct_bytes is a bucket of its own, so that its
+        # allreduce starts the moment backward made it (hetra run's rule, src/train/data_parallel.h);
+        # smaller ones are packed up to bucket_bytes. A packed bucket closes before a direct one,
+        # so buckets complete in their list order, the order every rank launches them in.
         buckets, current, current_bytes = [], [], 0
+        direct_bytes = min(direct_bytes, bucket_bytes)
         for p in reversed(params):
             nbytes = p.numel() * p.element_size()
-            if current and (current_bytes + nbytes > bucket_bytes or current[0].dtype != p.dtype):
+            direct = nbytes >= direct_bytes
+            if current and (direct or current_bytes + nbytes > bucket_bytes
+                            or current[0].dtype != p.dtype):
                 buckets.append(_Bucket(current))
                 current, current_bytes = [], 0
+            if direct:
+                buckets.append(_Bucket([p]))
+                continue
             current.append(p)
             current_bytes += nbytes
         if current:
@@ -130,9 +144,20 @@ class DistributedOptimizer:
             raise ValueError(f"slowdown={factor}; allowed: >= 1 (1: the real speed)")
         self._slowdown = float(factor)
 
-    def _restart_phase(self):
-        self._phase_wall = time.perf_counter()
-        self._phase_work = time.thread_time()
+    def _restart_segment(self):
+        """Marks the start of a compute segment (docs/benchmarks.md, "every compute segment"):
+        device work up to the next communication. Returns its wall-clock start."""
+        self._segment_wall = time.perf_counter()
+        self._segment_work = time.thread_time()
+        return self._segment_wall
+
+    def _end_segment(self):
+        """An emulated slow device sleeps what the segment's CPU work owes at its slowdown, right
+        after the segment and before the communication that follows; the next segment starts."""
+        if self._slowdown > 1.0:
+            self._emulator.end_phase(self._slowdown, time.perf_counter() - self._segment_wall,
+                                     time.thread_time() - self._segment_work)
+        return self._restart_segment()
 
     def _weight(self):
         if self._sampler is None:
@@ -156,9 +181,20 @@ class DistributedOptimizer:
         if bucket.ready > len(bucket.params):
             raise RuntimeError("a gradient arrived twice before step(): call step() after each "
                                "backward(), or accumulate micro-batches inside no_sync()")
-        # A slow device's gradients leave only once its phase has been stretched (in step()).
-        if bucket.ready == len(bucket.params) and self._slowdown == 1.0:
-            self._launch(bucket)
+        self._launch_complete_buckets()
+
+    def _launch_complete_buckets(self):
+        # In list order on every rank (the collectives pair up by order), each as soon as it is
+        # complete. Forward and backward are one compute segment (docs/benchmarks.md, as in hetra
+        # run): a slow device's is stretched before its last bucket leaves; earlier buckets leave
+        # as backward makes them.
+        last = len(self._buckets) - 1
+        while (self._launched <= last
+               and self._buckets[self._launched].ready == len(self._buckets[self._launched].params)):
+            if self._launched == last:
+                self._end_segment()
+            self._launch(self._buckets[self._launched])
+            self._launched += 1
 
     def _launch(self, bucket):
         # Each gradient goes into its slice of the flat buffer scaled by this rank's weight, in one
@@ -186,22 +222,22 @@ class DistributedOptimizer:
                                     comm=self._comm)
 
     def synchronize(self):
-        """Ends this step's compute phase (a slow device's is stretched first, before its
-        gradients leave), then waits until every bucket's allreduce is done and the gradients
-        hold their results; a later step() does not send them again."""
+        """Ends this step's compute phase (a slow device's is stretched first, before its last
+        gradients leave), then waits until every bucket's allreduce is done
+        and the gradients hold their results; a later step() does not send them again."""
         if self._synchronized:
             return
-        self._compute_wall = time.perf_counter() - self._phase_wall
-        if self._slowdown > 1.0:
-            self._emulator.end_phase(self._slowdown, self._compute_wall,
-                                     time.thread_time() - self._phase_work)
-            self._compute_wall = time.perf_counter() - self._phase_wall
-        for bucket in self._buckets:
-            if bucket.work is None:
-                self._launch(bucket)
+        if self._launched < len(self._buckets):
+            self._end_segment()  # the last bucket has not left (an unused parameter's): stretch
+        self._compute_wall = self._segment_wall - self._step_start
+        # A bucket with a parameter this step's graph did not use is incomplete: it leaves now.
+        while self._launched < len(self._buckets):
+            self._launch(self._buckets[self._launched])
+            self._launched += 1
         for bucket in self._buckets:
             bucket.work.wait()
             bucket.ready, bucket.work = 0, None
+        self._launched = 0
         self._synchronized = True
 
     def step(self, closure=None):
@@ -209,32 +245,39 @@ class DistributedOptimizer:
         wall = self._compute_wall
         self.compute_seconds.append(wall)
         self._drain_times()
+        # The optimizer step is a compute segment of its own, stretched like the others; its time
+        # is the rank's step cost, which every share pays alike (the balancer counts it).
+        start = self._restart_segment()
         result = self.optimizer.step(closure)
+        self._step_start = self._end_segment()
+        step_cost = self._step_start - start
+        self.step_cost_seconds.append(step_cost)
         if self._sampler is not None and self._sampler.balancing:
-            self._share_times(wall)
+            self._share_times(wall, step_cost)
         self.steps += 1
         self._synchronized = False
-        self._restart_phase()
         return result
 
-    def _share_times(self, wall):
-        # All-gathers this step's compute time in the background; the balancer gets it at the next
-        # step (its gradients' allreduce runs after it, so it is done by then). Waiting for it here
-        # would add a synchronisation of all ranks, with every rank's optimizer step on the
-        # critical path, to every step (the C++ trainer shares its timings the same way).
-        mine = torch.tensor([wall], dtype=torch.float64)
-        everyone = torch.empty(self._comm.size, dtype=torch.float64)
+    def _share_times(self, wall, step_cost):
+        # All-gathers this step's compute time and step cost in the background; the balancer gets
+        # them at the next step (its gradients' allreduces run after it, so it is done by then).
+        # Waiting for it here would add a synchronisation of all ranks, with every rank's
+        # optimizer step on the critical path, to every step (the C++ trainer shares its timings
+        # the same way).
+        mine = torch.tensor([wall, step_cost], dtype=torch.float64)
+        everyone = torch.empty(2 * self._comm.size, dtype=torch.float64)
         self._pending_times = (self.steps, everyone,
                                ops.allgather(everyone, mine, comm=self._comm))
 
     def _drain_times(self):
-        """Feeds the pending step's all-gathered compute times to the sampler's balancer."""
+        """Feeds the pending step's all-gathered times to the sampler's balancer."""
         if self._pending_times is None:
             return
         step, everyone, work = self._pending_times
         self._pending_times = None
         work.wait()
-        self._sampler.record(step, everyone.tolist(), now=self.steps)
+        times = everyone.tolist()
+        self._sampler.record(step, times[0::2], now=self.steps, step_costs=times[1::2])
 
     def zero_grad(self, set_to_none=True):
         """As torch >= 2.0's: gradients to None by default, so that backward hands over the

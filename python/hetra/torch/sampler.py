@@ -150,15 +150,19 @@ class HeteroSampler:
         """This rank's share of global `step` (its weight in the gradient is share / global_batch)."""
         return self.schedule.shares_at(step)[self._comm.rank]
 
-    def record(self, step, seconds_per_rank, now=None):
+    def record(self, step, seconds_per_rank, now=None, step_costs=None):
         """Every rank's compute seconds of `step` (alike on every rank): the balancer's input.
-        `now`: the step being taken when they arrive (default: `step`; DistributedOptimizer hands
-        them over one step later). A new split applies from now + 1 + lookahead."""
+        `step_costs`: every rank's seconds outside its samples that any share pays alike (its
+        optimizer step), if measured. `now`: the step being taken when they arrive (default:
+        `step`; DistributedOptimizer hands them over one step later). A new split applies from
+        now + 1 + lookahead."""
         if self._balancer is None:
             return
         shares = self.schedule.shares_at(step)
         for r, seconds in enumerate(seconds_per_rank):
             self._balancer.observe(r, shares[r], float(seconds))
+        for r, seconds in enumerate(step_costs or []):
+            self._balancer.observe_step_cost(r, float(seconds))
         if self._balancer.end_step(step):
             first = (step if now is None else now) + 1 + self.lookahead
             if first < self._next_step:
