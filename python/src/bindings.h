@@ -17,6 +17,8 @@ void bindRuntime(pybind11::module_& module);
 void bindComm(pybind11::module_& module);
 // The global sampler, the balancer and the slow-device emulation (runtime_binding.cc).
 void bindTraining(pybind11::module_& module);
+// The optimizers' one-pass updates on raw float32 buffers (optim_binding.cc).
+void bindOptimizers(pybind11::module_& module);
 
 // Seconds as Python gives them (float) to hetra's milliseconds; negative or NaN is a ConfigError
 // naming `what`.

@@ -60,4 +60,5 @@ PYBIND11_MODULE(_core, module) {
   hetra::python::bindRuntime(module);
   hetra::python::bindComm(module);
   hetra::python::bindTraining(module);
+  hetra::python::bindOptimizers(module);
 }

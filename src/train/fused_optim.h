@@ -17,6 +17,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include "train/one_pass_update.h"
+
 namespace hetra::train {
 
 class FusedSgd : public torch::optim::SGD {
@@ -36,25 +38,6 @@ class FusedAdamW : public torch::optim::AdamW {
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
-
-// The same one-pass updates on n contiguous float32 values whose state the caller keeps (ZeRO's
-// shards, train/zero_parallel.h): the arithmetic of FusedSgd's and FusedAdam's step, element for
-// element, so a parameter updated in pieces ends bitwise where the whole one does.
-struct SgdUpdate {
-  double lr = 0, weightDecay = 0, momentum = 0, dampening = 0;
-  bool nesterov = false;
-  bool firstStep = false;  // the momentum buffer starts as a copy of the first update
-};
-void sgdUpdate(float* params, const float* grads, float* momentumBuffer, int64_t n,
-               const SgdUpdate& update);
-
-struct AdamUpdate {
-  double lr = 0, weightDecay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  int64_t step = 1;        // 1-based: the bias corrections of this step
-  bool decoupled = false;  // AdamW: the parameter shrinks by lr * weightDecay
-};
-void adamUpdate(float* params, const float* grads, float* expAvg, float* expAvgSq, int64_t n,
-                const AdamUpdate& update);
 
 // Adam's or AdamW's state (State: their own class) of `p` before its first step: step 0, zero
 // moments.
