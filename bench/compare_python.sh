@@ -56,6 +56,8 @@ for round in $(seq 1 "$rounds"); do
     run "$np" "$slowdowns" --variant hetra
   done
   hetra_run
+  # hetra.torch with hetra.torch.optim.SGD (torch's SGD with the one-pass step hetra run uses)
+  run 3 1,2,4 --variant hetra --optimizer hetra
   # A device slows x3 a third of the way in: a static split cannot follow, the balancer can.
   change=$((steps / 3 + warmup)):0:3
   run 3 1,2,4 --change "$change" --variant ddp-proportional --backend gloo

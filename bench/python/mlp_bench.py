@@ -39,6 +39,8 @@ parser.add_argument("--change", default="", help="STEP:RANK:FACTOR")
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--warmup", type=int, default=20)
 parser.add_argument("--global-batch", type=int, default=512)
+parser.add_argument("--optimizer", default="torch", choices=["torch", "hetra"],
+                    help="torch.optim.SGD, or hetra.torch.optim.SGD (the same with a one-pass step)")
 args = parser.parse_args()
 torch.set_num_threads(1)
 
@@ -60,10 +62,11 @@ x, y = fashion_mnist.load("train")
 torch.manual_seed(0)
 model = fashion_mnist.mlp()
 B = args.global_batch
+SGD = ht.optim.SGD if args.optimizer == "hetra" else torch.optim.SGD
 
 if args.variant == "hetra":
     sampler = ht.HeteroSampler(len(x), B, seed=0)
-    opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+    opt = ht.DistributedOptimizer(SGD(model.parameters(), lr=0.05, momentum=0.9),
                                   model, sampler=sampler)
     ht.broadcast_parameters(model.state_dict())
     trained = model
@@ -74,7 +77,7 @@ if args.variant == "hetra":
 else:
     dist.init_process_group(args.backend)
     trained = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(trained.parameters(), lr=0.05, momentum=0.9)
+    opt = SGD(trained.parameters(), lr=0.05, momentum=0.9)
     if args.variant == "ddp-equal":
         shares = [B // size + (1 if r < B % size else 0) for r in range(size)]
     else:
@@ -130,7 +133,7 @@ for step, indices in zip(range(args.warmup + args.steps), batches()):
 seconds = time.perf_counter() - start
 if rank == 0:
     print(json.dumps({"variant": args.variant, "backend": args.backend if args.variant != "hetra"
-                      else "hetra.torch", "slowdowns": ",".join(f"{f:g}" for f in slowdowns), "change": args.change,
+                      else "hetra.torch", "optimizer": args.optimizer, "slowdowns": ",".join(f"{f:g}" for f in slowdowns), "change": args.change,
                       "steps": args.steps, "seconds": round(seconds, 3),
                       "samples_per_s": round(args.steps * B / seconds, 1),
                       # the split of the last step (the balancer's, for hetra.torch)

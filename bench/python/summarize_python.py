@@ -8,7 +8,10 @@ import sys
 
 def key(r):
     name = r["variant"] if r["variant"] in ("hetra", "hetra run") else f"{r['variant']} {r['backend']}"
-    return (r["slowdowns"], r["change"], "hetra.torch" if name == "hetra" else name)
+    name = "hetra.torch" if name == "hetra" else name
+    if r.get("optimizer") == "hetra":
+        name += " + ht.optim"
+    return (r["slowdowns"], r["change"], name)
 
 
 def spread(values):
@@ -31,6 +34,8 @@ for k in keys:
 ratios = [("1,2,4", "", "hetra.torch", "ddp-equal gloo"),
           ("1,2,4", "", "hetra.torch", "ddp-proportional gloo"),
           ("1,2,4", "", "hetra.torch", "hetra run"),
+          ("1,2,4", "", "hetra.torch + ht.optim", "hetra run"),
+          ("1,2,4", "", "hetra.torch + ht.optim", "ddp-equal gloo"),
           ("1,2,4", "", "ddp-proportional hetra", "ddp-proportional gloo"),
           ("1,1", "", "hetra.torch", "ddp-equal gloo")]
 changes = sorted({r["change"] for r in rows if r["change"]})
