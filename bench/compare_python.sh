@@ -3,7 +3,8 @@
 # run: the same MLP script (bench/python/mlp_bench.py) under DDP + Gloo with the equal split, DDP +
 # Gloo with the proportional split, DDP on backend="hetra" (equal and proportional) and hetra.torch
 # with its balancer, on emulated devices {1,2,4} and {1,1}, and one run where a device slows x3
-# mid-run; beside them `hetra run` on the same model and devices (examples/fashion_mnist_hetero.toml).
+# mid-run; beside them `hetra run` on the same model and devices (examples/fashion_mnist_hetero.toml)
+# and hetra.torch with hetra.torch.optim.SGD (torch's SGD with hetra run's one-pass step).
 # Needs a quiet machine: on a busy one the numbers measure the other load, not hetra.
 #   [ROUNDS=3] [STEPS=300] bench/compare_python.sh [BUILD]   (BUILD: with tools/hetra/hetra, python/)
 # Prints one JSON line per run (rank 0's) to stdout, tagged with its round, then the medians over

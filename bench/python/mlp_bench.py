@@ -133,7 +133,8 @@ for step, indices in zip(range(args.warmup + args.steps), batches()):
 seconds = time.perf_counter() - start
 if rank == 0:
     print(json.dumps({"variant": args.variant, "backend": args.backend if args.variant != "hetra"
-                      else "hetra.torch", "optimizer": args.optimizer, "slowdowns": ",".join(f"{f:g}" for f in slowdowns), "change": args.change,
+                      else "hetra.torch", "optimizer": args.optimizer,
+                      "slowdowns": ",".join(f"{f:g}" for f in slowdowns), "change": args.change,
                       "steps": args.steps, "seconds": round(seconds, 3),
                       "samples_per_s": round(args.steps * B / seconds, 1),
                       # the split of the last step (the balancer's, for hetra.torch)

@@ -4,7 +4,10 @@
 #include <pybind11/pybind11.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 
+#include "common/errors.h"
 #include "common/timing.h"
 
 namespace hetra::python {
@@ -23,5 +26,13 @@ void bindOptimizers(pybind11::module_& module);
 // Seconds as Python gives them (float) to hetra's milliseconds; negative or NaN is a ConfigError
 // naming `what`.
 Millis millisFromSeconds(double seconds, const char* what);
+
+// A buffer's address as Python passes it (an int); 0 only with no elements.
+template <typename T>
+T* address(uintptr_t value, size_t count, const char* what) {
+  if (value == 0 && count > 0)
+    throw ConfigError(str(what, " is a null address for ", count, " elements"));
+  return reinterpret_cast<T*>(value);
+}
 
 }  // namespace hetra::python

@@ -26,14 +26,6 @@ namespace {
 using comm::Communicator;
 using CommunicatorPtr = std::shared_ptr<Communicator>;
 
-// A buffer's address as Python passes it (an int); 0 only with no elements.
-template <typename T>
-T* address(uintptr_t value, size_t count, const char* what) {
-  if (value == 0 && count > 0)
-    throw ConfigError(str(what, " is a null address for ", count, " elements"));
-  return reinterpret_cast<T*>(value);
-}
-
 struct PyWork {
   comm::WorkPtr work;
   py::object keep;  // whatever owns the buffers (released with the GIL held, by Python)

@@ -12,11 +12,9 @@ namespace py = pybind11;
 namespace hetra::python {
 namespace {
 
-float* floats(uintptr_t address, int64_t count, const char* what) {
+float* floats(uintptr_t value, int64_t count, const char* what) {
   if (count < 0) throw ConfigError(str("count=", count, "; allowed: >= 0"));
-  if (address == 0 && count > 0)
-    throw ConfigError(str(what, " is a null address for ", count, " elements"));
-  return reinterpret_cast<float*>(address);
+  return address<float>(value, size_t(count), what);
 }
 
 }  // namespace

@@ -35,6 +35,13 @@ def _all_fusable(optimizer, refused_options):
     return True
 
 
+def _evaluate(closure):
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class SGD(torch.optim.SGD):
     """torch.optim.SGD (momentum, dampening, Nesterov, weight decay) with a one-pass step."""
 
@@ -42,10 +49,7 @@ class SGD(torch.optim.SGD):
     def step(self, closure=None):
         if not _all_fusable(self, ("maximize", "differentiable")):
             return super().step(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         for group in self.param_groups:
             momentum = group["momentum"]
             for p in group["params"]:
@@ -76,10 +80,7 @@ class _OnePassAdam:
         if not _all_fusable(self, ("maximize", "amsgrad", "differentiable", "capturable",
                                    "fused")):
             return super().step(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:

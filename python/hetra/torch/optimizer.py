@@ -103,11 +103,11 @@ class DistributedOptimizer:
         self._syncing = True
         self._synchronized = False  # this step's gradients are in (synchronize() ran)
         self._compute_wall = 0.0  # seconds of this step's compute phase, stretched
-        self._step_start = 0.0  # when this step's compute phase began (the last step() ended)
         self._pending_times = None  # (step, every rank's compute seconds, their allgather)
         self.steps = 0
         self.compute_seconds = []  # this rank's compute time of each step (the balancer's input)
         self.step_cost_seconds = []  # this rank's optimizer step of each step, stretched
+        # When this step's compute phase began (the last step() ended).
         self._step_start = self._restart_segment()
 
     @staticmethod
