@@ -74,6 +74,55 @@ TEST_P(CommunicatorTest, ManyOperationsInFlightCompleteInOrder) {
   });
 }
 
+TEST_P(CommunicatorTest, PremultipliedSumWeighsEachRanksInput) {
+  auto store = std::make_shared<store::MemoryStore>();
+  constexpr int kSize = 3;
+  const size_t count = 1000 + 3;
+  // Powers of two: every scaled value and sum below is exact in float32 and float64.
+  const double scales[kSize] = {0.5, 0.25, 2.0};
+  const test::DistinctValues values(DType::F32, 64);
+  runRanks(kSize, [&](int rank) {
+    auto comm = Communicator::create(store, rank, kSize, optionsFor(GetParam()));
+    OpPolicy policy;
+    policy.inputScale = scales[rank];
+    std::vector<float> inPlace(count), in(count), out(count);
+    std::vector<double> avg(count);
+    for (size_t i = 0; i < count; ++i) {
+      inPlace[i] = in[i] = float(values(rank, i));
+      avg[i] = values(rank, i + count);
+    }
+    const std::vector<float> inBefore = in;
+    comm->allreduce(inPlace.data(), inPlace.data(), count, DType::F32, ReduceOp::Sum, policy)
+        ->wait();
+    comm->allreduce(in.data(), out.data(), count, DType::F32, ReduceOp::Sum, policy)->wait();
+    comm->allreduce(avg.data(), avg.data(), count, DType::F64, ReduceOp::Avg, policy)->wait();
+    EXPECT_EQ(in, inBefore) << "an out-of-place allreduce left its input as it was";
+    for (size_t i = 0; i < count; ++i) {
+      double sum = 0, sumAvg = 0;
+      for (int r = 0; r < kSize; ++r) {
+        sum += scales[r] * values(r, i);
+        sumAvg += scales[r] * values(r, i + count);
+      }
+      ASSERT_EQ(inPlace[i], float(sum)) << "in place, element " << i;
+      ASSERT_EQ(out[i], float(sum)) << "out of place, element " << i;
+      ASSERT_EQ(avg[i], sumAvg / kSize) << "float64 avg, element " << i;
+    }
+  });
+}
+
+TEST(Communicator, PremultipliedSumRefusesIntegersAndMinMax) {
+  auto store = std::make_shared<store::MemoryStore>();
+  auto comm = Communicator::create(store, 0, 1);
+  OpPolicy policy;
+  policy.inputScale = 2.0;
+  float f = 1;
+  int32_t k = 1;
+  EXPECT_THROW(comm->allreduce(&f, &f, 1, DType::F32, ReduceOp::Max, policy), ConfigError);
+  EXPECT_THROW(comm->allreduce(&k, &k, 1, DType::I32, ReduceOp::Sum, policy), ConfigError);
+  comm->allreduce(&f, &f, 1, DType::F32, ReduceOp::Sum, policy)->wait();
+  EXPECT_EQ(f, 2.0f);
+}
+
 TEST_P(CommunicatorTest, SplitFormsIndependentGroups) {
   auto store = std::make_shared<store::MemoryStore>();
   constexpr int kSize = 5;

@@ -131,8 +131,9 @@ void bindComm(py::module_& module) {
           "allreduce",
           [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, const std::string& dtype,
              const std::string& op, const std::string& compression, size_t block, size_t minBytes,
-             uintptr_t residual, py::object keep) {
-            const comm::OpPolicy policy = policyFor(compression, block, minBytes, residual);
+             uintptr_t residual, double scale, py::object keep) {
+            comm::OpPolicy policy = policyFor(compression, block, minBytes, residual);
+            policy.inputScale = scale;
             return started(
                 c.allreduce(address<const void>(in, count, "in"), address<void>(out, count, "out"),
                             count, parseDType(dtype), comm::parseReduceOp(op), policy),
@@ -140,9 +141,11 @@ void bindComm(py::module_& module) {
           },
           py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op") = "sum",
           py::arg("compression") = "none", py::arg("block") = 256, py::arg("min_bytes") = 65536,
-          py::arg("residual") = 0, py::arg("keep") = py::none(),
+          py::arg("residual") = 0, py::arg("scale") = 1.0, py::arg("keep") = py::none(),
           "out may equal inp. `residual`: the address of `count` float32 of error feedback state "
-          "for a compressed float32 allreduce (0: none).")
+          "for a compressed float32 allreduce (0: none). `scale`: this rank's input is multiplied "
+          "by it before the sum (a premultiplied sum; float32/float64 sum or avg), by the "
+          "communicator's thread.")
       .def(
           "reduce_scatter",
           [](Communicator& c, uintptr_t in, uintptr_t out, const std::vector<size_t>& counts,

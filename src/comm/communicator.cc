@@ -141,12 +141,21 @@ class CommunicatorImpl : public Communicator,
   WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                     const OpPolicy& policy) override {
     AllreduceArgs args{.in = in, .out = out, .count = count, .dtype = dtype, .op = reducedAs(op)};
+    const double inputScale = policy.inputScale;
+    if (inputScale != 1.0 && !((op == ReduceOp::Sum || op == ReduceOp::Avg) &&
+                               (dtype == DType::F32 || dtype == DType::F64)))
+      throw ConfigError(str("an input scale applies to float32 or float64 sum or avg, not ",
+                            reduceOpName(op), " of ", dtypeName(dtype)));
     return enqueue(
         OpKind::Allreduce, dtype, args.op, count * dtypeSize(dtype), policy,
         [=] { return str("allreduce of ", count, " ", dtypeName(dtype)); },
-        [this, args, op](Provider& p, const Operation& o, Deadline d) mutable {
+        [this, args, op, inputScale](Provider& p, const Operation& o, Deadline d) mutable {
           stamp(args, o, d);
           if (p.traits().feedsBackErrors) args.residual = o.policy->residual;
+          if (inputScale != 1.0) {  // the sum of the scaled inputs, reduced in place in out
+            scale(args.dtype, args.in, args.out, args.count, inputScale);
+            args.in = args.out;
+          }
           p.allreduce(facts_, o, args);
           if (op == ReduceOp::Avg) divide(args.dtype, args.out, args.count, size_);
         });

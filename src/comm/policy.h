@@ -47,6 +47,11 @@ struct OpPolicy {
   // caller from call to call; used only where the operation is compressed on a flat group
   // (Communicator::feedbackCodec says so), left as it is otherwise.
   float* residual = nullptr;
+  // An allreduce's input is multiplied by this rank's factor before the sum (NCCL's premultiplied
+  // sum): each rank weighs its own contribution, e.g. by its share of a global batch.
+  // Floating-point sum or avg only. Applied by the communicator's thread in the operation's first
+  // pass over the input, so the caller's thread does not pass over the buffer.
+  double inputScale = 1.0;
 };
 
 }  // namespace hetra::comm

@@ -154,6 +154,11 @@ HETRA_CLONES void divideTyped(T* dst, size_t n, T divisor) {
   for (size_t i = 0; i < n; ++i) dst[i] = dst[i] / divisor;
 }
 
+template <typename T>
+HETRA_CLONES void scaleTyped(const T* src, T* dst, size_t n, T factor) {
+  for (size_t i = 0; i < n; ++i) dst[i] = src[i] * factor;
+}
+
 }  // namespace
 
 constexpr NamedValue<ReduceOp> kReduceOpNames[] = {
@@ -206,6 +211,20 @@ void reduceMany(ReduceOp op, DType dtype, void* dst, const void* const* srcs, in
     case DType::F16:
     case DType::BF16:
       return reduceManyHalf(op, dtype, dst, srcs, n, count);
+  }
+}
+
+void scale(DType dtype, const void* src, void* dst, size_t count, double factor) {
+  switch (dtype) {
+    case DType::F32:
+      return scaleTyped<float>(static_cast<const float*>(src), static_cast<float*>(dst), count,
+                               float(factor));
+    case DType::F64:
+      return scaleTyped<double>(static_cast<const double*>(src), static_cast<double*>(dst), count,
+                                factor);
+    default:
+      throw ConfigError(
+          str("a premultiplied sum takes float32 or float64, not ", dtypeName(dtype)));
   }
 }
 

@@ -26,6 +26,10 @@ void reduceMany(ReduceOp op, DType dtype, void* dst, const void* const* srcs, in
 // dst[i] /= divisor: the last step of Avg (integers truncate toward zero).
 void divide(DType dtype, void* dst, size_t count, int divisor);
 
+// dst[i] = src[i] * factor (float32 and float64; dst may alias src): a premultiplied sum's
+// first pass.
+void scale(DType dtype, const void* src, void* dst, size_t count, double factor);
+
 // Bulk conversions between float32 and the 16-bit float types (round to nearest even).
 void halfToFloat(const uint16_t* src, float* dst, size_t count);
 void floatToHalf(const float* src, uint16_t* dst, size_t count);

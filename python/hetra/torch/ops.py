@@ -28,10 +28,13 @@ def _op_name(op):
         raise ValueError(f"op={op!r}; allowed: {', '.join(_OPS)}") from None
 
 
-def allreduce(tensor, op="sum", compression="none", residual=None, min_bytes=65536, comm=None):
+def allreduce(tensor, op="sum", compression="none", residual=None, min_bytes=65536, scale=1.0,
+              comm=None):
     """Reduces `tensor` over every rank, in place. `compression` (fp16, bf16, fp8-e4m3, fp8-e5m2)
     applies to float32 sums and averages of at least `min_bytes`; `residual` (a float32 tensor of
-    the same size, zero at first) keeps error feedback between calls."""
+    the same size, zero at first) keeps error feedback between calls. `scale`: this rank's values
+    count `scale` times in a float sum or avg (NCCL's premultiplied sum), multiplied in by
+    hetra's communication thread as it first reads them."""
     check_buffer(tensor)
     keep = [tensor]
     residual_address = 0
@@ -43,7 +46,8 @@ def allreduce(tensor, op="sum", compression="none", residual=None, min_bytes=655
         keep.append(residual)
     return _comm(comm).allreduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                                  dtype_name(tensor), _op_name(op), compression=compression,
-                                 min_bytes=min_bytes, residual=residual_address, keep=keep)
+                                 min_bytes=min_bytes, residual=residual_address,
+                                 scale=float(scale), keep=keep)
 
 
 def broadcast(tensor, root=0, comm=None):

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import hetra.torch as ht
+from hetra import _core
 
 ht.init(timeout=60)
 rank, size = ht.rank(), ht.size()
@@ -27,6 +28,15 @@ for dtype in (torch.float64, torch.int64, torch.float32):
     t = values(rank, n, dtype)
     ht.allreduce(t).wait(timeout=60)
     expect(f"allreduce {dtype}", t, sum(values(r, n, dtype) for r in range(size)))
+# A premultiplied sum: each rank's values count (rank + 1) / 4 times (exact: quarters of integers).
+t = values(rank, n)
+ht.allreduce(t, scale=(rank + 1) / 4).wait(timeout=60)
+expect("allreduce scale", t, sum(values(r, n) * (r + 1) / 4 for r in range(size)))
+try:
+    ht.allreduce(values(rank, n, torch.int64), scale=0.5)
+    sys.exit("an input scale on int64 was accepted")
+except _core.ConfigError:
+    pass
 t = values(rank, n)
 ht.allreduce(t, op="max").wait(timeout=60)
 expect("allreduce max", t, values(size - 1, n))
