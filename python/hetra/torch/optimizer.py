@@ -22,18 +22,23 @@ from hetra.torch.sampler import HeteroSampler
 
 
 class _Bucket:
-    """A bucket's gradients live in one flat buffer: each parameter's .grad becomes a view of its
-    slice (DDP's gradient_as_bucket_view), so the allreduce runs in place and its result is the
-    gradient, with no copy in and none back."""
+    """A packed bucket's gradients live in one flat buffer: each parameter's .grad becomes a view
+    of its slice (DDP's gradient_as_bucket_view), so the allreduce runs in place and its result is
+    the gradient, with no copy back. A direct bucket (one large parameter) is all-reduced where
+    backward left its gradient, with no copy at all (as hetra run's DataParallel)."""
 
-    def __init__(self, params):
+    def __init__(self, params, direct=False):
         self.params = params
-        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        self.direct = direct
+        self.flat = None
         self.views = []
-        offset = 0
-        for p in params:
-            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        if not direct:
+            self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+            offset = 0
+            for p in params:
+                self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.numel = sum(p.numel() for p in params)
         self.ready = 0
         self.work = None
         self.residual = None
@@ -112,27 +117,31 @@ class DistributedOptimizer:
 
     @staticmethod
     def _make_buckets(params, bucket_bytes, direct_bytes):
-        # Backward order. A parameter of at least direct_bytes is a bucket of its own, so that its
-        # allreduce starts the moment backward made it (hetra run's rule, src/train/data_parallel.h);
-        # smaller ones are packed up to bucket_bytes. A packed bucket closes before a direct one,
-        # so buckets complete in their list order, the order every rank launches them in.
-        buckets, current, current_bytes = [], [], 0
+        # hetra run's layout (src/train/data_parallel.cc). In backward order, a parameter of at
+        # least direct_bytes is a bucket of its own, all-reduced the moment backward made it;
+        # smaller ones are packed up to bucket_bytes (one dtype), a packed bucket staying open
+        # across direct ones. The launch order is the order the buckets complete in, a packed one
+        # counted complete only after the parameter that follows its last (a bias comes with its
+        # layer's weight): ranks that finished early then wait inside the large operation the last
+        # rank has not reached, with their part of it staged, not behind a tiny one.
+        drafts, open_draft = [], None  # [params, bytes, closed_at, direct]
         direct_bytes = min(direct_bytes, bucket_bytes)
-        for p in reversed(params):
+        for position, p in enumerate(reversed(params)):
             nbytes = p.numel() * p.element_size()
-            direct = nbytes >= direct_bytes
-            if current and (direct or current_bytes + nbytes > bucket_bytes
-                            or current[0].dtype != p.dtype):
-                buckets.append(_Bucket(current))
-                current, current_bytes = [], 0
-            if direct:
-                buckets.append(_Bucket([p]))
+            if nbytes >= direct_bytes:
+                drafts.append([[p], nbytes, 2 * position, True])
                 continue
-            current.append(p)
-            current_bytes += nbytes
-        if current:
-            buckets.append(_Bucket(current))
-        return buckets
+            if open_draft is not None and (open_draft[1] + nbytes > bucket_bytes
+                                           or open_draft[0][0].dtype != p.dtype):
+                open_draft = None
+            if open_draft is None:
+                open_draft = [[], 0, 0, False]
+                drafts.append(open_draft)
+            open_draft[0].append(p)
+            open_draft[1] += nbytes
+            open_draft[2] = 2 * position + 3
+        drafts.sort(key=lambda d: d[2])  # stable: equal positions keep the walk's order
+        return [_Bucket(d[0], direct=d[3]) for d in drafts]
 
     @property
     def slowdown(self):
@@ -185,50 +194,50 @@ class DistributedOptimizer:
 
     def _launch_complete_buckets(self):
         # In list order on every rank (the collectives pair up by order), each as soon as it is
-        # complete. Forward and backward are one compute segment (docs/benchmarks.md, as in hetra
-        # run): a slow device's is stretched before its last bucket leaves; earlier buckets leave
-        # as backward makes them.
-        last = len(self._buckets) - 1
-        while (self._launched <= last
+        # complete, during backward.
+        while (self._launched < len(self._buckets)
                and self._buckets[self._launched].ready == len(self._buckets[self._launched].params)):
-            if self._launched == last:
-                self._end_segment()
             self._launch(self._buckets[self._launched])
             self._launched += 1
 
     def _launch(self, bucket):
-        # Each gradient goes into its slice of the flat buffer scaled by this rank's weight, in one
-        # pass: in place where backward accumulated into the slice (a gradient kept from the last
-        # step), else multiplied into it from the tensor backward made (after zero_grad() set the
-        # gradients to None); either way .grad is the slice from here on.
-        weight = self._weight()
+        # This rank's weight multiplies its gradients inside the allreduce (a premultiplied sum,
+        # on hetra's communication thread), so the computing thread makes no pass over them.
         with torch.no_grad():
-            for p, view in zip(bucket.params, bucket.views):
-                grad = p.grad
-                if grad is None:  # unused in this step's graph: it contributes nothing
-                    view.zero_()
-                elif grad.data_ptr() == view.data_ptr():
-                    if weight != 1.0:
-                        view.mul_(weight)
-                    continue
-                else:
-                    torch.mul(grad, weight, out=view)
-                p.grad = view
+            if bucket.direct:
+                p = bucket.params[0]
+                if p.grad is None:  # unused in this step's graph: it contributes nothing
+                    p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                elif not p.grad.is_contiguous():
+                    p.grad = p.grad.contiguous()
+                buffer = p.grad
+            else:
+                # A gradient backward accumulated into its slice (kept from the last step) is in
+                # place; one backward made anew (after zero_grad() set it to None) is copied in.
+                for p, view in zip(bucket.params, bucket.views):
+                    grad = p.grad
+                    if grad is None:
+                        view.zero_()
+                    elif grad.data_ptr() != view.data_ptr():
+                        view.copy_(grad)
+                    p.grad = view
+                buffer = bucket.flat
         if self._compression != "none" and bucket.residual is None:
-            bucket.residual = torch.zeros(bucket.flat.numel(), dtype=torch.float32)
-        residual = bucket.residual if bucket.flat.dtype == torch.float32 else None
-        bucket.work = ops.allreduce(bucket.flat, "sum", compression=self._compression,
+            bucket.residual = torch.zeros(bucket.numel, dtype=torch.float32)
+        residual = bucket.residual if buffer.dtype == torch.float32 else None
+        bucket.work = ops.allreduce(buffer, "sum", compression=self._compression,
                                     residual=residual, min_bytes=self._compression_min_bytes,
-                                    comm=self._comm)
+                                    scale=self._weight(), comm=self._comm)
 
     def synchronize(self):
-        """Ends this step's compute phase (a slow device's is stretched first, before its last
-        gradients leave), then waits until every bucket's allreduce is done
-        and the gradients hold their results; a later step() does not send them again."""
+        """Ends this step's compute phase (a slow device's is stretched, its gradients in
+        flight), then waits until every bucket's allreduce is done and the gradients hold their
+        results; a later step() does not send them again."""
         if self._synchronized:
             return
-        if self._launched < len(self._buckets):
-            self._end_segment()  # the last bucket has not left (an unused parameter's): stretch
+        # Forward and backward are one compute segment, stretched when backward has returned, its
+        # buckets in flight (docs/benchmarks.md: hetra run's data-parallel rule).
+        self._end_segment()
         self._compute_wall = self._segment_wall - self._step_start
         # A bucket with a parameter this step's graph did not use is incomplete: it leaves now.
         while self._launched < len(self._buckets):
