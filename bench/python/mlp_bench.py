@@ -10,10 +10,10 @@ Variants:
                     b_i * size / B so that DDP's mean gives the full batch's gradient
   hetra             hetra.torch: HeteroSampler + DistributedOptimizer, the balancer moving the split
 DDP runs on --backend (gloo or hetra). Every variant applies the emulation's rule
-(docs/benchmarks.md) alike, as hetra run does: the forward and backward (one segment) are stretched
-to `slowdown` times their CPU work once the last gradient bucket has left (hetra run's DataParallel
-sleeps when backward returns, its buckets in flight), and the optimizer step after it runs. A DDP
-rank does it in its comm hook (after launching the last bucket) and around opt.step(); hetra.torch's
+(docs/benchmarks.md) alike, as hetra run does: the work of forward and backward is stretched to
+`slowdown` times its CPU time before each gradient bucket leaves (a bucket leaves when a slow
+device would have made it), the rest of backward after the last one, and the optimizer step after
+it runs. A DDP rank does it in its comm hook and around opt.step(); hetra.torch's
 DistributedOptimizer does the same itself.
 """
 import argparse
@@ -98,10 +98,9 @@ else:
         phase.update(wall=time.perf_counter(), work=time.thread_time())
 
     def emulating_allreduce(state, bucket):
+        end_segment()  # the work so far, stretched before this bucket leaves
         tensor = bucket.buffer().div_(size)
         work = dist.all_reduce(tensor, async_op=True)
-        if bucket.is_last():  # forward and backward: one segment, stretched as its last leaves
-            end_segment()
         return work.get_future().then(lambda fut: fut.value()[0])
 
     trained.register_comm_hook(None, emulating_allreduce)

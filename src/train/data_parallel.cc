@@ -9,6 +9,7 @@
 
 #include "common/errors.h"
 #include "common/logging.h"
+#include "device/compute_scope.h"
 #include "train/gradient_hooks.h"
 
 namespace hetra::train {
@@ -183,6 +184,10 @@ void DataParallel::markReady(size_t k) {
 
 void DataParallel::launchReady() {
   while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
+    // A bucket leaves when an emulated slow device would have made its gradients: the work of the
+    // backward so far is stretched first (docs/benchmarks.md, "every compute segment"), so that
+    // its allreduce cannot overlap what would still be computing.
+    if (armed_) device::settleOpenSegment();
     Bucket& b = buckets_[nextLaunch_++];
     torch::Tensor data = b.direct ? params_[b.params.front()].mutable_grad() : b.flat;
     const size_t count = size_t(data.numel());

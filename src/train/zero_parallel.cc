@@ -318,6 +318,9 @@ void ZeroParallel::onReady(size_t k) {
   ready_[k] = true;  // reduced below, in reverse flat order
   const size_t n = params_.size();
   while (nextLaunch_ < n && ready_[n - 1 - nextLaunch_]) {
+    // As DataParallel's buckets: an emulated slow device's backward so far is stretched before
+    // its gradient leaves.
+    device::settleOpenSegment();
     const size_t next = n - 1 - nextLaunch_++;
     auto& grad = params_[next].mutable_grad();
     if (!grad.defined()) {

@@ -194,9 +194,13 @@ class DistributedOptimizer:
 
     def _launch_complete_buckets(self):
         # In list order on every rank (the collectives pair up by order), each as soon as it is
-        # complete, during backward.
+        # complete, during backward. A bucket leaves when an emulated slow device would have made
+        # its gradients: the work so far is stretched first (docs/benchmarks.md, "every compute
+        # segment"; hetra run's DataParallel does the same).
         while (self._launched < len(self._buckets)
                and self._buckets[self._launched].ready == len(self._buckets[self._launched].params)):
+            if self._syncing:
+                self._end_segment()
             self._launch(self._buckets[self._launched])
             self._launched += 1
 
@@ -230,13 +234,12 @@ class DistributedOptimizer:
                                     scale=self._weight(), comm=self._comm)
 
     def synchronize(self):
-        """Ends this step's compute phase (a slow device's is stretched, its gradients in
-        flight), then waits until every bucket's allreduce is done and the gradients hold their
-        results; a later step() does not send them again."""
+        """Ends this step's compute phase (on a slow device, the rest of it is stretched), then
+        waits until every bucket's allreduce is done and the gradients hold their results; a later
+        step() does not send them again."""
         if self._synchronized:
             return
-        # Forward and backward are one compute segment, stretched when backward has returned, its
-        # buckets in flight (docs/benchmarks.md: hetra run's data-parallel rule).
+        # What backward computed after its last bucket left is stretched too.
         self._end_segment()
         self._compute_wall = self._segment_wall - self._step_start
         # A bucket with a parameter this step's graph did not use is incomplete: it leaves now.
