@@ -10,11 +10,11 @@ Variants:
                     b_i * size / B so that DDP's mean gives the full batch's gradient
   hetra             hetra.torch: HeteroSampler + DistributedOptimizer, the balancer moving the split
 DDP runs on --backend (gloo or hetra). Every variant applies the emulation's rule
-(docs/benchmarks.md) alike, as hetra run does: the work of forward and backward is stretched to
-`slowdown` times its CPU time before each gradient bucket leaves (a bucket leaves when a slow
-device would have made it), the rest of backward after the last one, and the optimizer step after
-it runs. A DDP rank does it in its comm hook and around opt.step(); hetra.torch's
-DistributedOptimizer does the same itself.
+(docs/benchmarks.md) alike, as hetra run does: loading the batch is the host's and not stretched;
+the work of forward and backward is stretched to `slowdown` times its CPU time before each
+gradient bucket leaves (a bucket leaves when a slow device would have made it), the rest of
+backward after the last one, and the optimizer step after it runs. A DDP rank does it in its comm
+hook and around opt.step(); hetra.torch's DistributedOptimizer does the same itself.
 """
 import argparse
 import json
@@ -117,10 +117,13 @@ for step, indices in zip(range(args.warmup + args.steps), batches()):
         start = time.perf_counter()
     if args.variant == "hetra":
         opt.slowdown = slowdown_at(step)
-    else:
-        phase.update(step=step, wall=time.perf_counter(), work=time.thread_time())
     opt.zero_grad(set_to_none=True)  # torch >= 2.0's default, for every variant alike
-    loss = torch.nn.functional.cross_entropy(trained(x[indices]), y[indices])
+    inputs, targets = x[indices], y[indices]
+    if args.variant != "hetra":
+        # Loading the batch is the host's work, not stretched (hetra.torch's segment, too, starts
+        # at the forward).
+        phase.update(step=step, wall=time.perf_counter(), work=time.thread_time())
+    loss = torch.nn.functional.cross_entropy(trained(inputs), targets)
     if args.variant == "ddp-proportional":
         loss = loss * (len(indices) * size / B)  # DDP divides by size: this makes it b_i / B
     loss.backward()

@@ -78,6 +78,8 @@ class DistributedOptimizer:
     emulated slow device (docs/benchmarks.md): each compute phase is stretched to `slowdown` times
     its CPU work before this rank's gradients leave, so its peers wait as they would for a slow
     device; without it, this rank's factor in HETRA_SLOWDOWNS (one per rank, e.g. 1,2,4), else 1.
+    With `model`, a step's device work begins at its first forward: loading the batch before it
+    is the host's, timed for the balancer but not stretched (as in `hetra run`).
     The compute time of every step feeds the sampler's balancer.
     """
 
@@ -102,6 +104,9 @@ class DistributedOptimizer:
         self._buckets = self._make_buckets(params, bucket_bytes, direct_bytes)
         self._launched = 0  # buckets launched this step, in list order
         self._hooks = []
+        self._forward_seen = False  # this step's first forward ran
+        if model is not None:
+            self._hooks.append(model.register_forward_pre_hook(self._forward_begins))
         for bucket in self._buckets:
             for p in bucket.params:
                 self._hooks.append(_grad_ready_hook(p, lambda b=bucket: self._grad_ready(b)))
@@ -167,6 +172,13 @@ class DistributedOptimizer:
             self._emulator.end_phase(self._slowdown, time.perf_counter() - self._segment_wall,
                                      time.thread_time() - self._segment_work)
         return self._restart_segment()
+
+    def _forward_begins(self, module, inputs):
+        # The host's work since the last step (the sampler, loading the batch) is not the
+        # device's: the emulated device's segment starts here, the step's compute time does not.
+        if not self._forward_seen:
+            self._forward_seen = True
+            self._restart_segment()
 
     def _weight(self):
         if self._sampler is None:
@@ -268,6 +280,7 @@ class DistributedOptimizer:
             self._share_times(wall, step_cost)
         self.steps += 1
         self._synchronized = False
+        self._forward_seen = False
         return result
 
     def _share_times(self, wall, step_cost):
