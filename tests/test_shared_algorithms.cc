@@ -269,6 +269,68 @@ TEST(SharedAlgorithms, AllreduceEveryDtypeOpAndCount) {
   });
 }
 
+// A premultiplied sum: each rank's input counts its own power-of-two scale, multiplied in as the
+// algorithm copies it (small buffer, pieces, own slice); the input stays as it was.
+void sweepScaledAllreduce(SharedArena& arena, uint64_t& seq, Checker& check,
+                          const std::vector<size_t>& counts) {
+  const int n = arena.size(), me = arena.rank();
+  const double scales[] = {0.5, 0.25, 2.0, 1.0, 4.0, 0.125, 2.0, 0.5};
+  // Values below 2^15 in magnitude: every scaled sum of up to 8 ranks is exact in float32.
+  const test::DistinctValues values(DType::F32, 512);
+  for (DType dtype : {DType::F32, DType::F64}) {
+    for (bool inPlace : {false, true}) {
+      for (size_t count : counts) {
+        auto in = bufferOf(dtype, count);
+        auto out = bufferOf(dtype, count);
+        for (size_t i = 0; i < count; ++i) storeElement(dtype, in.data(), i, values(me, i));
+        const auto inBefore = in;
+        AllreduceArgs args;
+        args.in = in.data();
+        args.out = inPlace ? in.data() : out.data();
+        args.count = count;
+        args.dtype = dtype;
+        args.seq = seq++;
+        args.deadline = testDeadline();
+        args.inputScale = scales[me];
+        allreduceShared(arena, args);
+        for (size_t i = 0; i < count; ++i) {
+          double want = 0;
+          for (int r = 0; r < n; ++r) want += scales[r] * values(r, i);
+          const double got = loadElement(dtype, args.out, i);
+          check.expect(got == want, [&] {
+            return str("scaled allreduce ", dtypeName(dtype), " count ", count,
+                       inPlace ? " in place" : "", " n ", n, ": [", i, "] = ", got, ", want ",
+                       want);
+          });
+        }
+        if (!inPlace)
+          check.expect(in == inBefore, [&] {
+            return str("scaled allreduce ", dtypeName(dtype), " count ", count,
+                       " changed its input");
+          });
+      }
+    }
+  }
+}
+
+TEST(SharedAlgorithms, AllreduceScalesThisRanksInputAsItReadsIt) {
+  forEachWorld(kSmallSlot, [](SharedArena& arena, uint64_t& seq, Checker& check) {
+    sweepScaledAllreduce(arena, seq, check, {0, 1, 7, 1000, 5003});
+  });
+  auto store = test::newGroupStore();  // the default slot: a message of a few large pieces
+  runRanks(3, [&](int rank) {
+    auto transport = connect(*store, rank, 3, 0);
+    uint64_t seq = 0;
+    Checker check;
+    sweepScaledAllreduce(*transport->sharedArena(), seq, check, {300001});
+    BarrierArgs done;
+    done.seq = seq++;
+    done.deadline = testDeadline();
+    barrierShared(*transport->sharedArena(), done);
+    check.finish(rank);
+  });
+}
+
 TEST(SharedAlgorithms, ReduceScatterEvenAndUneven) {
   forEachWorld(kSmallSlot, [](SharedArena& arena, uint64_t& seq, Checker& check) {
     sweepReduceScatter(arena, seq, check, {0, 1, 7, 1000}, false);

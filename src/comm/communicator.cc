@@ -152,7 +152,9 @@ class CommunicatorImpl : public Communicator,
         [this, args, op, inputScale](Provider& p, const Operation& o, Deadline d) mutable {
           stamp(args, o, d);
           if (p.traits().feedsBackErrors) args.residual = o.policy->residual;
-          if (inputScale != 1.0) {  // the sum of the scaled inputs, reduced in place in out
+          if (inputScale != 1.0 && p.traits().scalesInput) {
+            args.inputScale = inputScale;
+          } else if (inputScale != 1.0) {  // the sum of the scaled inputs, reduced in place in out
             scale(args.dtype, args.in, args.out, args.count, inputScale);
             args.in = args.out;
           }

@@ -33,6 +33,10 @@ struct AllreduceArgs {
   // Compressed float32 allreduce only: this rank's error feedback state, count elements, updated
   // in place (see compressed.h); nullptr for none.
   float* residual = nullptr;
+  // A float32 or float64 sum of premultiplied inputs: this rank's `in` counts inputScale times
+  // (OpPolicy::inputScale), multiplied in as the algorithm first reads it; `in` stays as it was.
+  // Set only for a provider whose traits say scalesInput.
+  double inputScale = 1.0;
 };
 
 // in: sum(counts) elements, laid out as the ranks' blocks in rank order; out: counts[rank]

@@ -176,11 +176,22 @@ void allreduceShared(SharedArena& arena, const AllreduceArgs& args) {
   const SlotLayout layout = layoutOf(arena);
   const uint64_t op = arena.beginOp();
   const bool small = bytes <= layout.small;
-  if (small && n > 1 && bytes > 0) std::memcpy(layout.smallBuffer(arena, me, op), in, bytes);
+  // A premultiplied sum scales this rank's input where it is first read: no pass of its own.
+  const double inputScale = args.inputScale;
+  auto copyScaled = [&](void* dst, const void* src, size_t elements) {
+    if (inputScale != 1.0)
+      scale(args.dtype, src, dst, elements, inputScale);
+    else
+      std::memcpy(dst, src, elements * es);
+  };
+  if (small && n > 1 && bytes > 0) copyScaled(layout.smallBuffer(arena, me, op), in, args.count);
   syncHeaders(arena, op, OpHeader::of(args), args.deadline);
   if (bytes == 0) return;
   if (n == 1) {
-    if (out != in) std::memmove(out, in, bytes);
+    if (inputScale != 1.0)
+      scale(args.dtype, in, out, args.count, inputScale);
+    else if (out != in)
+      std::memmove(out, in, bytes);
     return;
   }
   Sources srcs(n);
@@ -210,8 +221,8 @@ void allreduceShared(SharedArena& arena, const AllreduceArgs& args) {
     const size_t len = std::min(perPiece, args.count - first);
     const Range mine = sliceOf(len, me);
     uint8_t* dst = layout.pieceBuffer(arena, me, p);
-    std::memcpy(dst, in + first * es, mine.begin * es);
-    std::memcpy(dst + mine.end * es, in + (first + mine.end) * es, (len - mine.end) * es);
+    copyScaled(dst, in + first * es, mine.begin);
+    copyScaled(dst + mine.end * es, in + (first + mine.end) * es, len - mine.end);
     arena.account((len - (mine.end - mine.begin)) * es, 0);
   };
   const bool streaming = bytes >= kStreamingBytes;
@@ -226,6 +237,10 @@ void allreduceShared(SharedArena& arena, const AllreduceArgs& args) {
     if (mine.end > mine.begin) {
       uint8_t* dst = layout.pieceBuffer(arena, me, p) + mine.begin * es;
       srcs[0] = in + (first + mine.begin) * es;
+      if (inputScale != 1.0) {  // this rank's own slice, scaled where it is reduced (in place)
+        scale(args.dtype, srcs[0], dst, mine.end - mine.begin, inputScale);
+        srcs[0] = dst;
+      }
       for (int k = 0, i = 1; k < n; ++k)
         if (k != me) srcs[i++] = layout.pieceBuffer(arena, k, p) + mine.begin * es;
       reduceMany(args.op, args.dtype, dst, srcs.data(), n, mine.end - mine.begin);

@@ -81,6 +81,9 @@ struct ProviderTraits {
   bool compressed = false;
   // Keeps error feedback in OpPolicy::residual (a compressed allreduce or reduce-scatter).
   bool feedsBackErrors = false;
+  // Its allreduce multiplies this rank's input by AllreduceArgs::inputScale as it copies it in;
+  // for the others the communicator scales the input in a pass of its own first.
+  bool scalesInput = false;
 };
 
 // One operation as the table sees it.

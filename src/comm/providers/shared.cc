@@ -20,6 +20,11 @@ class SharedProvider final : public AlgorithmProvider<SharedArena> {
       : AlgorithmProvider({allreduceShared, reduceScatterShared, allgatherShared, broadcastShared,
                            barrierShared}) {}
   const char* name() const override { return "shared"; }
+  ProviderTraits traits() const override {
+    ProviderTraits t = AlgorithmProvider::traits();
+    t.scalesInput = true;
+    return t;
+  }
   double seconds(const Operation& op, const GroupFacts& group) const override {
     if (group.size == 1) return 0;
     const double n = group.size, bytes = double(op.bytes);
