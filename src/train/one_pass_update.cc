@@ -1,9 +1,35 @@
 #include "train/one_pass_update.h"
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include <cmath>
 
 namespace hetra::train {
 namespace {
+
+// A gradient that stays zero (an input pixel that is always blank) decays its momentum
+// geometrically: at momentum 0.9 the buffer reaches float's denormal range after about 800 steps
+// and stays there for about 150 more, and x86 computes on denormals about 40 times slower (a
+// 784 x 512 update on denormal momentum: 6.4 ms against 0.15). The loops therefore run with
+// flush-to-zero and denormals-are-zero, values below 1.2e-38 counting as 0, and give the caller
+// back its own mode.
+class FlushDenormals {
+ public:
+#if defined(__x86_64__)
+  FlushDenormals() : saved_(_mm_getcsr()) {
+    _mm_setcsr(saved_ | kFlushToZero | kDenormalsAreZero);
+  }
+  ~FlushDenormals() {
+    _mm_setcsr(saved_);
+  }
+
+ private:
+  static constexpr unsigned kFlushToZero = 1u << 15, kDenormalsAreZero = 1u << 6;
+  unsigned saved_;
+#endif
+};
 
 // The loops are written for the vectorizer: restrict pointers, the options' branches hoisted out
 // as template arguments, float arithmetic as LibTorch does it on float tensors.
@@ -59,6 +85,7 @@ void adamLoop(float* __restrict p, const float* __restrict g, float* __restrict 
 
 void sgdUpdate(float* params, const float* grads, float* momentumBuffer, int64_t n,
                const SgdUpdate& u) {
+  const FlushDenormals flush;
   const bool momentum = u.momentum != 0;
   const auto loop = u.weightDecay != 0 ? sgdLoopFor<true>(momentum, u.firstStep, u.nesterov)
                                        : sgdLoopFor<false>(momentum, u.firstStep, u.nesterov);
@@ -68,6 +95,7 @@ void sgdUpdate(float* params, const float* grads, float* momentumBuffer, int64_t
 
 void adamUpdate(float* params, const float* grads, float* expAvg, float* expAvgSq, int64_t n,
                 const AdamUpdate& u) {
+  const FlushDenormals flush;
   const double correction1 = 1 - std::pow(u.beta1, double(u.step));
   const double correction2 = 1 - std::pow(u.beta2, double(u.step));
   const bool decay = u.weightDecay != 0;

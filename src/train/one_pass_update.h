@@ -11,7 +11,7 @@ namespace hetra::train {
 // One update of n contiguous float32 values whose state the caller keeps, with LibTorch's
 // arithmetic on float tensors (FusedSgd's and FusedAdam's step, ZeRO's shards, hetra.torch's
 // optimizers), element for element, so a parameter updated in pieces ends bitwise where the whole
-// one does.
+// one does; but denormal values count as zero (one_pass_update.cc says why).
 struct SgdUpdate {
   double lr = 0, weightDecay = 0, momentum = 0, dampening = 0;
   bool nesterov = false;
