@@ -211,8 +211,7 @@ class DistributedOptimizer:
         # segment"; hetra run's DataParallel does the same).
         while (self._launched < len(self._buckets)
                and self._buckets[self._launched].ready == len(self._buckets[self._launched].params)):
-            if self._syncing:
-                self._end_segment()
+            self._end_segment()
             self._launch(self._buckets[self._launched])
             self._launched += 1
 
