@@ -242,6 +242,35 @@ TEST(ThroughputModel, OneSizeFallsBackToProportional) {
   for (int64_t step = 0; step < 5; ++step) model.addStep(step, {{64, 0.64}});
   EXPECT_NEAR(model.cost().overhead, 0.0, 1e-9);
   EXPECT_NEAR(model.cost().perSample, 0.01, 1e-9);
+  EXPECT_EQ(model.shape(), 0.0) << "one size measures no shape";
+}
+
+// A device with a fixed cost of 40 samples' worth per micro-batch, measured at two sizes, becomes
+// twice as slow: after the change only points at one size are left. The model is the new speed's
+// line with the remembered shape (a = 40 c), not a line through the origin, which would predict
+// twice the time at four times the size.
+TEST(ThroughputModel, ShapeOutlivesAChangeOfSpeed) {
+  auto truth = [](double speed, int64_t m) { return speed * (0.4 + 0.01 * double(m)); };
+  ThroughputModel model;
+  int64_t step = 0;
+  for (; step < 20; ++step) {
+    const int64_t m = step % 2 == 0 ? 20 : 60;
+    model.addStep(step, {{m, truth(1.0, m) * (step % 4 < 2 ? 1.01 : 0.99)}});
+  }
+  EXPECT_NEAR(model.shape(), 40.0, 4.0);
+  for (const int64_t end = step + 6; step < end; ++step)
+    model.addStep(step, {{20, truth(2.0, 20)}});
+  EXPECT_EQ(model.changes(), 1);
+  EXPECT_EQ(model.points().front().microBatch, 20) << "the points before the change are gone";
+  EXPECT_NEAR(model.cost().seconds(20, 1) / truth(2.0, 20), 1.0, 0.01);
+  EXPECT_NEAR(model.cost().seconds(80, 1) / truth(2.0, 80), 1.0, 0.05);
+  // Saved and loaded, and after forgetting every point, the shape stays.
+  EXPECT_EQ(ThroughputModel::fromJson(model.toJson()).toJson(), model.toJson());
+  const double shape = model.shape();
+  model.forgetPoints();
+  model.addStep(step, {{10, truth(1.0, 10)}});
+  EXPECT_DOUBLE_EQ(model.shape(), shape);
+  EXPECT_NEAR(model.cost().seconds(80, 1) / truth(1.0, 80), 1.0, 0.05);
 }
 
 TEST(ThroughputModel, IgnoresASpikeAndSwitchesAfterALevelChange) {

@@ -370,7 +370,7 @@ Balancer::Decision Balancer::decide(int64_t step) {
   const double current = plan_.predictedStepSeconds;
   lastGain_ = current > 0.0 ? 1.0 - stepSeconds(fitted, caps_, candidate) / current : 0.0;
   lastSureGain_ = 0.0;
-  if (candidate == planShares) return {};
+  if (candidate == planShares) return remeasureIdleRank(step, planShares, fitted, current);
 
   // Each fraction's gain over the same draws: its sure gain, and its sure loss for a probe.
   const auto draws = drawCosts(step);
@@ -405,6 +405,9 @@ Balancer::Decision Balancer::decide(int64_t step) {
     return lastGain_ > options_.rebalanceThreshold ? decision(options.front(), false) : Decision{};
   for (const Option& o : options)
     if (o.sureGain > options_.rebalanceThreshold) return decision(o, false);
+  if (Decision remeasure = remeasureIdleRank(step, planShares, fitted, current);
+      !remeasure.shares.empty())
+    return remeasure;  // before a probe toward the candidate: that one would not measure the rank
   // A probe measures the curve between plan and candidate, which helps when the gain is unsure
   // through the extrapolation; a gain within the levels' own errors is what noise makes of a
   // converged split (the slowest of n noisy levels is off by about sqrt(2 ln n) of their error),
@@ -416,6 +419,31 @@ Balancer::Decision Balancer::decide(int64_t step) {
   if (lastGain_ <= std::max(noiseGain, 2.0 * options_.rebalanceThreshold)) return {};
   for (const Option& o : options)
     if (o.gain > 0.0 && o.sureGain >= -kProbeCost) return decision(o, true);
+  return {};
+}
+
+Balancer::Decision Balancer::remeasureIdleRank(int64_t step, const std::vector<int64_t>& planShares,
+                                               const std::vector<CostModel>& fitted,
+                                               double current) const {
+  const auto donor = std::max_element(planShares.begin(), planShares.end());
+  if (current <= 0.0 || *donor < 2) return {};
+  for (size_t i = 0; i < planShares.size(); ++i) {
+    if (planShares[i] != 0) continue;
+    // One sample holds for about minStepsBetweenChanges steps (then the split moves back if the
+    // rank is still not worth it) at a predicted excess `excess` of the step: once in `interval`
+    // steps keeps the average cost within kProbeCost.
+    const double excess = std::max(0.0, predictSeconds(fitted[i], 1, caps_[i]) / current - 1.0);
+    const double interval = std::max(double(options_.minStepsBetweenChanges), 1.0) *
+                            std::max(excess, kProbeCost) / kProbeCost;
+    if (double(step - models_[i].lastObserved()) < interval) continue;
+    std::vector<int64_t> shares = planShares;
+    --shares[size_t(donor - planShares.begin())];
+    shares[i] = 1;
+    return {std::move(shares), true,
+            str(" at step ", step, ": rank ", i, " has had no samples since step ",
+                models_[i].lastObserved(), "; one sample measures it again (predicted step +",
+                percent(excess), ")")};
+  }
   return {};
 }
 

@@ -29,6 +29,13 @@
 //               extrapolation, which measuring between plan and candidate settles. The farthest
 //               fraction predicted to gain whose sure loss (its sure gain, negated) is at most
 //               kProbeCost: a probe costs at most that.
+//   re-measure  a rank given no samples is never measured again, so its model could not see it
+//               recover (a preempted burst read as a change of speed would hold it at 0 for
+//               good). A probe of one sample (from the rank with the most) once its last
+//               measurement is older than minStepsBetweenChanges * e / kProbeCost steps, e the
+//               predicted excess of that step over the plan's (at least kProbeCost): the probe
+//               holds about minStepsBetweenChanges steps, so on average it costs at most
+//               kProbeCost. A rank one sample of which costs 50 steps is probed once in 7500.
 //   regret      (T(plan) - T(best split)) / T(plan) under the current models: how far the split
 //               in use is from the balancer's own ideal.
 //   profiling   the first profileSteps steps, run on the initial equal split to measure every rank.
@@ -195,6 +202,9 @@ class Balancer {
   };
   // What the dynamic policy would adopt at `step`; sets lastGain_ and lastSureGain_.
   Decision decide(int64_t step);
+  // A probe of one sample on a rank that has had none for long enough (see "re-measure").
+  Decision remeasureIdleRank(int64_t step, const std::vector<int64_t>& planShares,
+                             const std::vector<CostModel>& fitted, double current) const;
 
   BalancerOptions options_;
   std::vector<int64_t> caps_;  // clamped to globalBatch

@@ -38,13 +38,14 @@ double weightedMedian(const std::vector<double>& values, const std::vector<doubl
   return values[order.back()];
 }
 
-// Weighted least squares of t = a + c*m with a >= 0, c > 0, plus the prior a = 0 with weight
-// `prior` relative to the data (a pseudo-point at the origin). Sizes are scaled to ~1 first so the
-// 2x2 system is well conditioned. With one size the line goes through the origin, exactly. The
-// weights are precisions up to the factor noise^2 (1 / seconds^2), so the covariance of (a, c) is
-// noise2 times the inverse of the normal matrix, the prior included.
+// Weighted least squares of t = a + c*m with a >= 0, c > 0, plus the prior a = shape * c with
+// weight `prior` relative to the data (a pseudo-observation of a - shape * c = 0). Sizes are scaled
+// to ~1 first so the 2x2 system is well conditioned. With one size the line goes through the point
+// and (-shape, 0), exactly: with shape 0, through the origin. The weights are precisions up to the
+// factor noise^2 (1 / seconds^2), so the covariance of (a, c) is noise2 times the inverse of the
+// normal matrix, the prior included.
 CostModel fitLine(const std::vector<ThroughputPoint>& points, const std::vector<double>& weights,
-                  const std::vector<bool>& use, double prior, double noise2) {
+                  const std::vector<bool>& use, double prior, double shape, double noise2) {
   double v = 0.0, vm = 0.0, vt = 0.0;
   for (size_t j = 0; j < points.size(); ++j) {
     if (!use[j]) continue;
@@ -53,7 +54,8 @@ CostModel fitLine(const std::vector<ThroughputPoint>& points, const std::vector<
     vt += weights[j] * points[j].seconds;
   }
   const double mScale = vm / v, tScale = vt / v;
-  double s0 = v * (1.0 + prior), s1 = 0.0, s2 = 0.0, r0 = 0.0, r1 = 0.0;
+  const double k = shape / mScale, p = v * prior;  // the prior's row (1, -k), its weight p
+  double s0 = v + p, s1 = -p * k, s2 = p * k * k, r0 = 0.0, r1 = 0.0;
   for (size_t j = 0; j < points.size(); ++j) {
     if (!use[j]) continue;
     const double x = double(points[j].microBatch) / mScale, y = points[j].seconds / tScale;
@@ -82,9 +84,34 @@ CostModel fitLine(const std::vector<ThroughputPoint>& points, const std::vector<
   return model;
 }
 
-// The fit of `points` (ordered by step) at time `now`, weighted toward `reference`: the passes of
-// ThroughputModel::refit.
-CostModel robustFit(const std::vector<ThroughputPoint>& points, int64_t now, int64_t reference) {
+// The standard error of the overhead that the points alone give (no prior): infinite when they
+// hold one size only. Weights and noise2 as in fitLine.
+double dataOverheadError(const std::vector<ThroughputPoint>& points,
+                         const std::vector<double>& weights, const std::vector<bool>& use,
+                         double noise2) {
+  double s0 = 0.0, s1 = 0.0, s2 = 0.0;
+  for (size_t j = 0; j < points.size(); ++j) {
+    if (!use[j]) continue;
+    const double m = double(points[j].microBatch);
+    s0 += weights[j], s1 += weights[j] * m, s2 += weights[j] * m * m;
+  }
+  const double det = s0 * s2 - s1 * s1;
+  // Sizes all alike (det a rounding error of s0 * s2): the overhead is not measured at all.
+  if (!(det > 1e-9 * s0 * s2)) return std::numeric_limits<double>::infinity();
+  return std::sqrt(noise2 * s2 / det);
+}
+
+struct Fit {
+  CostModel cost;
+  // The points alone bound the overhead within kShapeError of the time at the reference size:
+  // the fit's shape is measured, not the prior's.
+  bool shapeMeasured = false;
+};
+
+// The fit of `points` (ordered by step) at time `now`, weighted toward `reference`, the overhead
+// pulled toward `shape` per-sample costs: the passes of ThroughputModel::refit.
+Fit robustFit(const std::vector<ThroughputPoint>& points, int64_t now, int64_t reference,
+              double shape) {
   const size_t n = points.size();
   std::vector<double> base(n);
   for (size_t j = 0; j < n; ++j) {
@@ -110,7 +137,7 @@ CostModel robustFit(const std::vector<ThroughputPoint>& points, int64_t now, int
       if (inlier[j]) sum += base[j], sum2 += base[j] * base[j];
     return sum * sum / sum2;
   };
-  CostModel fit = fitLine(points, weights, inlier, priorWeight(effectivePoints()), noise2);
+  CostModel fit = fitLine(points, weights, inlier, priorWeight(effectivePoints()), shape, noise2);
   const double tolerance = std::log(ThroughputModel::kOutlierRatio);
   for (int pass = 0; pass < 4; ++pass) {
     std::vector<double> ratio(n);
@@ -129,12 +156,13 @@ CostModel robustFit(const std::vector<ThroughputPoint>& points, int64_t now, int
     const double prior2 = ThroughputModel::kNoisePrior * ThroughputModel::kNoisePrior;
     noise2 = (effective * residual / total + ThroughputModel::kNoisePriorPoints * prior2) /
              (std::max(effective - 2.0, 0.0) + ThroughputModel::kNoisePriorPoints);
-    fit = fitLine(points, weights, inlier, priorWeight(effective), noise2);
+    fit = fitLine(points, weights, inlier, priorWeight(effective), shape, noise2);
   }
   fit.noise = std::sqrt(noise2);
   const double reference1 = fit.seconds(reference, 1);
   fit.relativeError = fit.standardError(reference, 1) / reference1;
-  return fit;
+  const double overheadError = dataOverheadError(points, weights, inlier, noise2);
+  return {fit, overheadError <= ThroughputModel::kShapeError * reference1};
 }
 
 // The micro-batch size of the latest step: its most frequent size, the larger on a tie.
@@ -182,6 +210,7 @@ void ThroughputModel::addStep(int64_t step,
     bySize[microBatch].push_back(std::max(seconds, kMinSeconds));
   for (auto& [microBatch, times] : bySize)
     points_.push_back({step, microBatch, median(times), int64_t(times.size())});
+  lastObserved_ = step;
 
   if (distinctSteps(points_) > kWindowSteps)
     points_.erase(points_.begin(),
@@ -194,7 +223,7 @@ bool ThroughputModel::speedChanged() const {
   if (distinctSteps(points_) < 2 * kChangeSteps) return false;
   const size_t recent = firstOfLastSteps(points_, kChangeSteps);
   const std::vector<ThroughputPoint> older(points_.begin(), points_.begin() + ptrdiff_t(recent));
-  const CostModel before = robustFit(older, points_.back().step, latestSize(points_));
+  const CostModel before = robustFit(older, points_.back().step, latestSize(points_), shape_).cost;
   const double margin = std::max(std::log(kChangeRatio), kChangeSigmas * before.noise);
   int above = 0, below = 0;
   double lowest = std::numeric_limits<double>::infinity(), highest = -lowest;
@@ -221,7 +250,9 @@ void ThroughputModel::refit(int64_t now) {
     std::erase_if(stepCosts_, [&](const auto& c) { return c.first < since; });
     ++changes_;
   }
-  cost_ = robustFit(points_, now, latestSize(points_));
+  const Fit fit = robustFit(points_, now, latestSize(points_), shape_);
+  cost_ = fit.cost;
+  if (fit.shapeMeasured) shape_ = cost_.overhead / cost_.perSample;
   updateStepCost();
 }
 
@@ -255,6 +286,8 @@ nlohmann::json ThroughputModel::toJson() const {
            {cost_.overhead, cost_.perSample, cost_.relativeError, cost_.noise,
             cost_.overheadVariance, cost_.covariance, cost_.perSampleVariance}},
           {"changes", changes_},
+          {"shape", shape_},
+          {"last_observed", lastObserved_},
           {"points", points},
           {"step_costs", stepCosts_}};
 }
@@ -269,6 +302,11 @@ ThroughputModel ThroughputModel::fromJson(const nlohmann::json& j) {
   for (const auto& p : j.at("points"))
     model.points_.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<double>(),
                              p.at(3).get<int64_t>()});
+  model.shape_ = j.value("shape", 0.0);  // absent before 2026-12-06, as is last_observed
+  if (j.contains("last_observed"))
+    model.lastObserved_ = j.at("last_observed").get<int64_t>();
+  else if (!model.points_.empty())
+    model.lastObserved_ = model.points_.back().step;
   if (j.contains("step_costs"))  // absent before 2026-12-05
     model.stepCosts_ = j.at("step_costs").get<std::vector<std::pair<int64_t, double>>>();
   model.updateStepCost();

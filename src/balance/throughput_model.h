@@ -29,6 +29,16 @@
 //                changed, so the older points are forgotten and the model is the new speed's after
 //                kChangeSteps steps instead of drifting through the average. A spike in one or two
 //                steps is not a change, nor are erratic slow steps (interference).
+//   shape        the overhead in per-sample costs (a / c): how far the line's zero lies left of
+//                the origin. A device that gets faster or slower (a change, a throttled clock, an
+//                emulated slowdown) scales a and c alike, so the shape outlives the points: it is
+//                taken from the last fit whose points alone bound the overhead (within kShapeError
+//                of the time at the reference size), kept when points are forgotten, and the prior
+//                pulls the overhead toward shape * c. With points at one size the line then goes
+//                through them and the shape's zero; before any fit measured it, shape 0: through
+//                the origin. Without it, a rank whose points are all at one small share (after a
+//                change, or held there) reads its fixed cost as a per-sample cost, is predicted
+//                far too slow at a larger share and is never offered one.
 //   noise        the relative spread of one point around the fit (the step-to-step timing noise),
 //                pulled toward kNoisePrior by kNoisePriorPoints pseudo-points.
 //   uncertainty  the covariance of (overhead, perSample) of the weighted least squares, noise^2
@@ -45,6 +55,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -92,11 +103,14 @@ class ThroughputModel {
   static constexpr int kChangeSteps = 3;
   static constexpr double kChangeRatio = 1.08;
   static constexpr double kChangeSigmas = 3.0;
-  // Prior on the overhead: a ~ N(0, (kOverheadPrior * t)^2). Its weight against the data is
-  // noise^2 / (effective points * kOverheadPrior^2). So one micro-batch size, or sizes too close
-  // together for the noise, give the proportional fit a = 0; clean data at distinct sizes are
-  // followed almost exactly.
+  // Prior on the overhead: a ~ N(shape * c, (kOverheadPrior * t)^2). Its weight against the data
+  // is noise^2 / (effective points * kOverheadPrior^2). So one micro-batch size, or sizes too
+  // close together for the noise, give the line of the remembered shape (proportional, a = 0,
+  // before one was measured); clean data at distinct sizes are followed almost exactly.
   static constexpr double kOverheadPrior = 0.3;
+  // A fit's shape is remembered when the points alone give its overhead a standard error of at
+  // most this fraction of the time at the reference size.
+  static constexpr double kShapeError = 0.1;
   static constexpr double kNoisePrior = 0.05;
   static constexpr double kNoisePriorPoints = 2.0;
   static constexpr int kStepCostWindow = 7;
@@ -108,12 +122,16 @@ class ThroughputModel {
   void addStepCost(int64_t step, double seconds);
 
   // Forgets every point and step cost so far (an outside signal says the speed changed); the
-  // fitted line stays until the next addStep refits from the new points alone, the step cost is 0
-  // until the next addStepCost.
+  // fitted line stays until the next addStep refits from the new points alone (with the shape,
+  // which stays), the step cost is 0 until the next addStepCost.
   void forgetPoints();
 
   const CostModel& cost() const { return cost_; }
   const std::vector<ThroughputPoint>& points() const { return points_; }
+  // The step of the latest observation; the lowest int64_t before any.
+  int64_t lastObserved() const { return lastObserved_; }
+  // The remembered shape, a / c in samples (see "shape"); 0 until a fit measured one.
+  double shape() const { return shape_; }
   // How many times a change of speed made the model forget its older points.
   int64_t changes() const { return changes_; }
 
@@ -129,6 +147,8 @@ class ThroughputModel {
   std::vector<ThroughputPoint> points_;                // ordered by step
   std::vector<std::pair<int64_t, double>> stepCosts_;  // (step, seconds), the last few steps
   CostModel cost_;
+  double shape_ = 0.0;
+  int64_t lastObserved_ = std::numeric_limits<int64_t>::min();
   int64_t changes_ = 0;
 };
 
