@@ -50,6 +50,9 @@ const Param kProfileParam("HETRA_BALANCE_PROFILE_STEPS", str(kDefaults.profileSt
 const Param kStepCostsParam("HETRA_BALANCE_STEP_COSTS", kDefaults.stepCosts ? "1" : "0",
                             "Count each rank's per-step cost (its optimizer step) in the split; 0 "
                             "balances the micro-batches' compute alone (for comparison)");
+const Param kShapeParam("HETRA_BALANCE_SHAPE", kDefaults.keepShape ? "1" : "0",
+                        "Pull each rank's fitted fixed cost toward its measured shape (fixed cost "
+                        "over per-sample cost); 0 pulls it toward 0 (for comparison)");
 
 std::string percent(double fraction) {
   std::ostringstream os;
@@ -167,6 +170,7 @@ BalancerOptions BalancerOptions::fromParams(int64_t globalBatch) {
   o.persistSteps = narrowInt(kPersistParam.integer(), "HETRA_BALANCE_PERSIST_STEPS");
   o.profileSteps = narrowInt(kProfileParam.integer(), "HETRA_BALANCE_PROFILE_STEPS");
   o.stepCosts = kStepCostsParam.flag();
+  o.keepShape = kShapeParam.flag();
   return o;
 }
 
@@ -180,7 +184,7 @@ std::string Plan::summary() const {
 
 Balancer::Balancer(BalancerOptions options, std::vector<RankCaps> caps)
     : options_(options),
-      models_(caps.size()),
+      models_(caps.size(), ThroughputModel(options.keepShape)),
       pending_(caps.size()),
       pendingStepCosts_(caps.size(), -1.0) {
   validate(options_, caps);
@@ -457,7 +461,8 @@ std::string Balancer::save() const {
                   {"persist_steps", options_.persistSteps},
                   {"profile_steps", options_.profileSteps},
                   {"shares_within_caps", options_.sharesWithinCaps},
-                  {"step_costs", options_.stepCosts}};
+                  {"step_costs", options_.stepCosts},
+                  {"keep_shape", options_.keepShape}};
   j["caps"] = caps_;
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : plan_.ranks)
@@ -498,6 +503,7 @@ Balancer Balancer::load(const std::string& state) {
     options.profileSteps = o.at("profile_steps").get<int>();
     options.sharesWithinCaps = o.value("shares_within_caps", false);  // absent before 2026-12-03
     options.stepCosts = o.value("step_costs", true);                  // absent before 2026-12-05
+    options.keepShape = o.value("keep_shape", true);                  // absent before 2026-12-06
     std::vector<RankCaps> caps;
     for (const auto& c : j.at("caps")) caps.push_back({c.get<int64_t>()});
     Balancer b(options, caps);

@@ -100,9 +100,12 @@ struct BalancerOptions {
   // Count the ranks' step costs (observeStepCost); off, they are ignored: the split then equalises
   // the micro-batches' compute alone, as before 2026-12-05 (kept to measure the difference).
   bool stepCosts = true;
+  // Pull each rank's overhead toward its measured shape (throughput_model.h, "shape"); off, toward
+  // 0, as before 2026-12-06 (kept to measure the difference).
+  bool keepShape = true;
 
   // Defaults overridden by HETRA_BALANCE_MODE, _THRESHOLD, _MIN_STEPS, _PERSIST_STEPS,
-  // _PROFILE_STEPS, _STEP_COSTS.
+  // _PROFILE_STEPS, _STEP_COSTS, _SHAPE.
   static BalancerOptions fromParams(int64_t globalBatch);
 };
 

@@ -252,7 +252,7 @@ void ThroughputModel::refit(int64_t now) {
   }
   const Fit fit = robustFit(points_, now, latestSize(points_), shape_);
   cost_ = fit.cost;
-  if (fit.shapeMeasured) shape_ = cost_.overhead / cost_.perSample;
+  if (keepShape_ && fit.shapeMeasured) shape_ = cost_.overhead / cost_.perSample;
   updateStepCost();
 }
 
@@ -286,6 +286,7 @@ nlohmann::json ThroughputModel::toJson() const {
            {cost_.overhead, cost_.perSample, cost_.relativeError, cost_.noise,
             cost_.overheadVariance, cost_.covariance, cost_.perSampleVariance}},
           {"changes", changes_},
+          {"keep_shape", keepShape_},
           {"shape", shape_},
           {"last_observed", lastObserved_},
           {"points", points},
@@ -302,7 +303,8 @@ ThroughputModel ThroughputModel::fromJson(const nlohmann::json& j) {
   for (const auto& p : j.at("points"))
     model.points_.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<double>(),
                              p.at(3).get<int64_t>()});
-  model.shape_ = j.value("shape", 0.0);  // absent before 2026-12-06, as is last_observed
+  model.keepShape_ = j.value("keep_shape", true);  // absent before 2026-12-06, as are the next
+  model.shape_ = j.value("shape", 0.0);
   if (j.contains("last_observed"))
     model.lastObserved_ = j.at("last_observed").get<int64_t>();
   else if (!model.points_.empty())

@@ -115,6 +115,10 @@ class ThroughputModel {
   static constexpr double kNoisePriorPoints = 2.0;
   static constexpr int kStepCostWindow = 7;
 
+  // keepShape false: the prior stays a = 0 (the line through the origin at one size), as before
+  // 2026-12-06; kept to measure the difference.
+  explicit ThroughputModel(bool keepShape = true) : keepShape_(keepShape) {}
+
   // Adds one step's observations (micro-batch size, seconds) and refits. No observation: no change.
   void addStep(int64_t step, const std::vector<std::pair<int64_t, double>>& observations);
 
@@ -147,6 +151,7 @@ class ThroughputModel {
   std::vector<ThroughputPoint> points_;                // ordered by step
   std::vector<std::pair<int64_t, double>> stepCosts_;  // (step, seconds), the last few steps
   CostModel cost_;
+  bool keepShape_ = true;
   double shape_ = 0.0;
   int64_t lastObserved_ = std::numeric_limits<int64_t>::min();
   int64_t changes_ = 0;
