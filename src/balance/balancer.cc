@@ -439,7 +439,8 @@ Balancer::Decision Balancer::remeasureIdleRank(int64_t step, const std::vector<i
     const double excess = std::max(0.0, predictSeconds(fitted[i], 1, caps_[i]) / current - 1.0);
     const double interval = std::max(double(options_.minStepsBetweenChanges), 1.0) *
                             std::max(excess, kProbeCost) / kProbeCost;
-    if (double(step - models_[i].lastObserved()) < interval) continue;
+    const int64_t last = models_[i].lastObserved();  // the lowest int64_t: never observed
+    if (last != std::numeric_limits<int64_t>::min() && double(step - last) < interval) continue;
     std::vector<int64_t> shares = planShares;
     --shares[size_t(donor - planShares.begin())];
     shares[i] = 1;
