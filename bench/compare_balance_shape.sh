@@ -10,40 +10,17 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
-hetra=$build/tools/hetra/hetra
-export PYTHONPATH=$build/python:$root/python${PYTHONPATH:+:$PYTHONPATH}
-export OMP_NUM_THREADS=1
-python=${PYTHON:-/usr/bin/python3}
-steps=${STEPS:-300}
 rounds=${ROUNDS:-6}
-warmup=20
-results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+source "$root/bench/python/runs.sh"
 tag() { "$python" -c "import json, sys
 for line in sys.stdin:
     r = json.loads(line); r.update(round=$round, shape=$shape); print(json.dumps(r), flush=True)" |
   tee -a "$results"; }
-hetra_torch() {
-  "$hetra" launch -np 3 --slowdowns 1,2,4 -- "$python" "$root/bench/python/mlp_bench.py" \
-    --steps "$steps" --warmup "$warmup" --variant hetra | tag
-}
-hetra_run() {
-  local metrics
-  metrics=$(mktemp)
-  "$hetra" run "$root/examples/fashion_mnist_hetero.toml" --set train.steps=$((warmup + steps)) \
-    --set train.eval_every=0 --metrics "$metrics" >/dev/null
-  "$python" -c "import json, sys
-steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get('event') == 'step'][$warmup:]
-print(json.dumps({'variant': 'hetra run', 'samples_per_s': round(sum(r['samples'] for r in steps)
-                  / sum(r['step_time_s'] for r in steps), 1),
-                  'split': [r['batch'] for r in steps[-1]['ranks']]}))" "$metrics" | tag
-  rm -f "$metrics"
-}
 for round in $(seq 1 "$rounds"); do
   for shape in 1 0; do
     export HETRA_BALANCE_SHAPE=$shape
-    hetra_torch
-    hetra_run
+    mlp_bench 3 1,2,4 --variant hetra | tag
+    hetra_run_record | tag
   done
 done
 "$python" - "$results" <<'PY'

@@ -12,41 +12,13 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
-hetra=$build/tools/hetra/hetra
-export PYTHONPATH=$build/python:$root/python${PYTHONPATH:+:$PYTHONPATH}
-export OMP_NUM_THREADS=1
-python=${PYTHON:-/usr/bin/python3}
-steps=${STEPS:-300}
 rounds=${ROUNDS:-1}
-warmup=20
-results=$(mktemp)
-trap 'rm -f "$results"' EXIT
-# hetra launch --slowdowns gives each rank its factor (HETRA_SLOWDOWNS, which the script reads) and
-# binds the ranks to cores by duty cycle, as hetra run does, for every variant alike.
-run() {
-  local np=$1 slowdowns=$2; shift 2
-  "$hetra" launch -np "$np" --slowdowns "$slowdowns" -- \
-    "$python" "$root/bench/python/mlp_bench.py" --steps "$steps" --warmup "$warmup" "$@" |
-    tagged
-}
+source "$root/bench/python/runs.sh"
+run() { mlp_bench "$@" | tagged; }
 tagged() { "$python" -c "import json, sys
 for line in sys.stdin:
     r = json.loads(line); r['round'] = $round; print(json.dumps(r), flush=True)" | tee -a "$results"; }
-# hetra run on the demo cluster (slowdowns 1, 2, 4): samples/s over the same steps after the same
-# warm-up, from its step records.
-hetra_run() {
-  local metrics
-  metrics=$(mktemp)
-  "$hetra" run "$root/examples/fashion_mnist_hetero.toml" --set train.steps=$((warmup + steps)) \
-    --set train.eval_every=0 --metrics "$metrics" >/dev/null
-  "$python" -c "import json, sys
-steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get('event') == 'step'][$warmup:]
-print(json.dumps({'variant': 'hetra run', 'backend': 'hetra', 'slowdowns': '1,2,4', 'change': '',
-                  'steps': len(steps), 'samples_per_s': round(sum(r['samples'] for r in steps)
-                  / sum(r['step_time_s'] for r in steps), 1),
-                  'split': [r['batch'] for r in steps[-1]['ranks']]}))" "$metrics" | tagged
-  rm -f "$metrics"
-}
+hetra_run() { hetra_run_record | tagged; }
 for round in $(seq 1 "$rounds"); do
   for slowdowns in 1,2,4 1,1; do
     np=$(($(tr -cd , <<<"$slowdowns" | wc -c) + 1))
