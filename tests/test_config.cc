@@ -359,6 +359,18 @@ TEST(Config, OversubscriptionIsAWarning) {
   EXPECT_EQ(parse(three, {}, cpuOnly()).warnings.size(), 0u);
 }
 
+// train.resync_every re-synchronises data-parallel replicas; where no trainer does, it says so.
+TEST(Config, ResyncEveryOutsideDataParallelismIsAWarning) {
+  const std::string two = "[[devices]]\n[[devices]]\n";
+  EXPECT_TRUE(parse(two, {"train.resync_every=10"}).warnings.empty());
+  const RunConfig zero = parse(two, {"train.resync_every=10", "zero.stage=1"});
+  ASSERT_EQ(zero.warnings.size(), 1u);
+  EXPECT_CONTAINS(zero.warnings[0],
+                  "train.resync_every = 10 is ignored: ZeRO's replicas cannot drift");
+  EXPECT_TRUE(parse(two, {"zero.stage=1"}).warnings.empty());  // the default (-1) says nothing
+  EXPECT_CONTAINS(errorOf(two, {"train.resync_every=-2"}), "train.resync_every");
+}
+
 TEST(Config, RoundTripOfEveryNonDefault) {
   RunConfig c = parse(kMinimal);
   c.model = {"transformer", {7, 3}, {5}, 3, 2, 10, 7};
@@ -381,6 +393,7 @@ TEST(Config, RoundTripOfEveryNonDefault) {
   c.train.checkpointEvery = 50;
   c.train.checkpointDir = "ck";
   c.train.bucketMib = 0.5;
+  c.train.resyncEvery = 25;
   c.balance = {"static", 0.1, 4, 3, 6};
   c.comm = {"shm", 12.5, "none"};
   c.devices[0].threads = 2;

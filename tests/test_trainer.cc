@@ -52,9 +52,11 @@ std::vector<nlohmann::json> stepRecords(const fs::path& metrics) {
   return records;
 }
 
-// Trains with one thread per device; returns the losses of the step records.
+// Trains with one thread per device; returns the losses of the step records. `customize` may add
+// to each rank's options.
 std::vector<double> trainAll(const RunConfig& config, const fs::path& metrics,
-                             const std::string& resume = "") {
+                             const std::string& resume = "",
+                             const std::function<void(int, TrainerOptions&)>& customize = {}) {
   auto store = std::make_shared<store::MemoryStore>();
   const int ranks = int(config.devices.size());
   test::runRanks(ranks, [&](int rank) {
@@ -64,6 +66,7 @@ std::vector<double> trainAll(const RunConfig& config, const fs::path& metrics,
     TrainerOptions options;
     options.metricsPath = metrics.string();
     options.resumeDir = resume;
+    if (customize) customize(rank, options);
     train(config, comm, options);
   });
   std::vector<double> losses;
@@ -205,6 +208,95 @@ TEST(Trainer, MetricsRecordsHaveTheDocumentedFields) {
   // Three profiling steps (examples/tiny_synthetic.toml) fit every rank's model long before 20.
   EXPECT_TRUE(ideals.back().is_number()) << "no prediction after 20 steps";
   fs::remove_all(dir);
+}
+
+// Replicas that round their updates differently (a GPU's arithmetic beside a CPU's) drift apart
+// by what each step's rounding adds; every `resync_every` steps rank 0's parameters replace the
+// others', and the drift measured then is what the steps since the last one added. Here rank r
+// adds eps * r * (1 + i % 7) / 7 to element i of every parameter after each update: distinct per
+// rank and element, the largest rank 2's 2 * eps, so 4 steps drift by 8 * eps. The averaged
+// gradient and the momentum are the same on every rank, so nothing else separates the replicas.
+struct DriftRun {
+  std::vector<nlohmann::json> drifts;      // replica_drift of each step record
+  std::vector<std::vector<float>> before;  // each rank's parameters after step 13's update
+};
+
+DriftRun trainDrifting(int64_t resyncEvery, double eps, const fs::path& metrics) {
+  const auto config =
+      tinyConfig({"train.steps=14", "train.resync_every=" + std::to_string(resyncEvery),
+                  "balance.mode=equal"});
+  DriftRun run;
+  run.before.resize(config.devices.size());
+  trainAll(config, metrics, "", [&](int rank, TrainerOptions& options) {
+    options.afterOptimizerStep = [&, rank](Model& model, int64_t step) {
+      torch::NoGradGuard noGrad;
+      for (auto& p : model.parameters()) {
+        if (step == 12) {  // after 12 steps, before this rank rounds step 13's update its way
+          const auto flat = p.detach().reshape({-1}).contiguous();
+          run.before[size_t(rank)].insert(run.before[size_t(rank)].end(), flat.data_ptr<float>(),
+                                          flat.data_ptr<float>() + flat.numel());
+        }
+        auto flat = p.view({-1});
+        const auto i = torch::arange(flat.numel(), torch::kInt64);
+        flat.add_((i.remainder(7) + 1).to(torch::kFloat32) * float(eps * rank / 7.0));
+      }
+    };
+  });
+  for (const auto& record : stepRecords(metrics)) run.drifts.push_back(record["replica_drift"]);
+  return run;
+}
+
+float largestDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  float most = 0;
+  for (size_t i = 0; i < a.size(); ++i) most = std::max(most, std::abs(a[i] - b[i]));
+  return most;
+}
+
+TEST(Trainer, ResynchronisingEveryFourStepsBoundsTheReplicasDrift) {
+  torch::set_num_threads(1);
+  const auto dir = tempDir("drift");
+  const double eps = 1e-5;
+  const DriftRun run = trainDrifting(4, eps, dir / "resync.jsonl");
+  ASSERT_EQ(run.drifts.size(), 14u);
+  for (size_t s = 0; s < run.drifts.size(); ++s) {
+    if ((s + 1) % 4 == 0) {  // steps 4, 8 and 12: four steps of rounding each
+      ASSERT_TRUE(run.drifts[s].is_number()) << "step " << s + 1;
+      EXPECT_NEAR(run.drifts[s].get<double>(), 8 * eps, 0.01 * 8 * eps) << "step " << s + 1;
+    } else {
+      EXPECT_TRUE(run.drifts[s].is_null()) << "step " << s + 1 << ": " << run.drifts[s];
+    }
+  }
+  // Step 12 re-synchronised and step 13 applied the same update everywhere: the replicas are
+  // bit for bit rank 0's.
+  ASSERT_FALSE(run.before[0].empty());
+  for (size_t r = 1; r < run.before.size(); ++r)
+    EXPECT_EQ(run.before[r], run.before[0]) << "rank " << r;
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, WithoutResynchronisingTheReplicasDriftApartStepByStep) {
+  torch::set_num_threads(1);
+  const auto dir = tempDir("nodrift");
+  const double eps = 1e-5;
+  const DriftRun run = trainDrifting(0, eps, dir / "none.jsonl");
+  ASSERT_EQ(run.drifts.size(), 14u);
+  for (const auto& drift : run.drifts) EXPECT_TRUE(drift.is_null()) << drift;
+  // Twelve steps of rank r's rounding: 12 * eps * r at the most (within the floats' own rounding).
+  EXPECT_NEAR(largestDifference(run.before[1], run.before[0]), 12 * eps, 0.01 * 12 * eps);
+  EXPECT_NEAR(largestDifference(run.before[2], run.before[0]), 24 * eps, 0.01 * 24 * eps);
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, ResyncEveryDefaultsTo100StepsOnlyForMixedDeviceKinds) {
+  RunConfig config;
+  config.devices.resize(3);  // kind "cpu"
+  EXPECT_EQ(resyncEveryOf(config), 0);
+  config.devices[1].kind = "cuda";
+  EXPECT_EQ(resyncEveryOf(config), 100);
+  config.train.resyncEvery = 0;
+  EXPECT_EQ(resyncEveryOf(config), 0);
+  config.train.resyncEvery = 7;
+  EXPECT_EQ(resyncEveryOf(config), 7);
 }
 
 // Under ZeRO-3 every rank waits for the slowest at each block's all-gather, so a rank's wall time

@@ -68,6 +68,10 @@ struct TrainConfig {
   std::string checkpointDir = "checkpoints";
   int64_t keepCheckpoints = 3;  // the newest N checkpoints stay, older ones are removed
   double bucketMib = 25.0;      // gradient bucket size for the overlapped allreduce
+  // Data parallel: every N steps rank 0's parameters replace the others' and the drift between the
+  // replicas is measured (DataParallel::resynchronize); 0 = never; -1 = 100 where the devices are
+  // of more than one kind (their arithmetic differs), else never (resyncEveryOf).
+  int64_t resyncEvery = -1;
   // none | blocks: recompute each block's activations in backward (docs/memory.md)
   std::string activationCheckpointing = "none";
   // Periodic model averaging (train/periodic_sync.h): H local steps per round; 1 = synchronous.
@@ -215,6 +219,10 @@ struct Capabilities {
   // or rocm (no trainer runs on a GPU yet), the cores of the affinity mask.
   static Capabilities ofThisBuild();
 };
+
+// train.resync_every resolved: -1 (the default) is 100 steps where the devices are of more than one
+// kind, else 0 (never).
+int64_t resyncEveryOf(const RunConfig& config);
 
 // Parses `tomlText` (named `sourceName` in messages), applies `sets` ("key=value", in order; the
 // value is a TOML value, or a plain string when it does not parse as one, e.g. equal or /tmp/x),

@@ -128,22 +128,57 @@ DataParallel::~DataParallel() {
   for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hookKeys_[k]);
 }
 
+namespace {
+
+// Starts rank 0's broadcast of a model tensor (a parameter or a buffer) into `into`, its shape.
+comm::WorkPtr broadcastModelTensor(comm::Communicator& comm, torch::Tensor& into) {
+  HETRA_ENFORCE(into.is_contiguous(), "parameters must be contiguous");
+  if (into.scalar_type() == torch::kFloat32)
+    return comm.broadcast(into.data_ptr(), size_t(into.numel()), DType::F32, 0);
+  if (into.scalar_type() == torch::kInt64)
+    return comm.broadcast(into.data_ptr(), size_t(into.numel()), DType::I64, 0);
+  throw ConfigError(
+      str("cannot broadcast a model tensor of type ", c10::toString(into.scalar_type())));
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> DataParallel::modelTensors() const {
+  std::vector<torch::Tensor> tensors = model_->parameters();
+  for (auto& b : model_->buffers()) tensors.push_back(b);
+  return tensors;
+}
+
 void DataParallel::broadcastParameters() {
   torch::NoGradGuard noGrad;
   std::vector<comm::WorkPtr> works;
-  auto broadcastTensor = [&](torch::Tensor t) {
-    HETRA_ENFORCE(t.is_contiguous(), "parameters must be contiguous");
-    if (t.scalar_type() == torch::kFloat32)
-      works.push_back(comm_->broadcast(t.data_ptr(), size_t(t.numel()), DType::F32, 0));
-    else if (t.scalar_type() == torch::kInt64)
-      works.push_back(comm_->broadcast(t.data_ptr(), size_t(t.numel()), DType::I64, 0));
-    else
-      throw ConfigError(
-          str("cannot broadcast a model tensor of type ", c10::toString(t.scalar_type())));
-  };
-  for (auto& p : model_->parameters()) broadcastTensor(p);
-  for (auto& b : model_->buffers()) broadcastTensor(b);
+  for (auto& t : modelTensors()) works.push_back(broadcastModelTensor(*comm_, t));
   for (auto& w : works) w->wait();
+}
+
+double DataParallel::resynchronize() {
+  torch::NoGradGuard noGrad;
+  const bool root = comm_->rank() == 0;
+  std::vector<torch::Tensor> own = modelTensors(), fromRoot;
+  // The others receive rank 0's values in copies, to measure the drift before they replace their
+  // own.
+  std::vector<comm::WorkPtr> works;
+  for (auto& t : own) {
+    fromRoot.push_back(root ? t : torch::empty_like(t));
+    works.push_back(broadcastModelTensor(*comm_, fromRoot.back()));
+  }
+  for (auto& w : works) w->wait();
+  double drift = 0;
+  if (root) return drift;
+  for (size_t i = 0; i < own.size(); ++i) {
+    if (own[i].numel() > 0)
+      drift = std::max(drift, (fromRoot[i].to(torch::kFloat64) - own[i].to(torch::kFloat64))
+                                  .abs()
+                                  .max()
+                                  .item<double>());
+    own[i].copy_(fromRoot[i]);
+  }
+  return drift;
 }
 
 void DataParallel::clearGradients() {

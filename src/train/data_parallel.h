@@ -60,6 +60,13 @@ class DataParallel {
   // Makes every rank's parameters and buffers equal to rank 0's.
   void broadcastParameters();
 
+  // broadcastParameters() that first measures how far this rank's replica had drifted from rank
+  // 0's: the largest absolute difference of any parameter or buffer element (0 on rank 0).
+  // Replicas on devices whose float arithmetic differs (a GPU's fused multiply-adds beside a CPU's
+  // loop) take the same averaged gradients but round their updates differently, so they drift
+  // apart step by step; doing this every N steps bounds the drift to N steps' worth.
+  double resynchronize();
+
   // The next backward is the step's last: as each parameter becomes ready its bucket fills, and
   // each full bucket's allreduce is launched.
   void armLastBackward();
@@ -97,6 +104,7 @@ class DataParallel {
     bool ready = false;
   };
 
+  std::vector<torch::Tensor> modelTensors() const;  // parameters, then buffers
   void onReady(size_t param);
   void markReady(size_t param);
   void logGradientRoute() const;

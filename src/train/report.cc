@@ -150,6 +150,7 @@ void Report::step(const StepRecord& record) {
          {"balance_regret", record.idealSamplesPerSecond > 0 ? json(record.regret) : json(nullptr)},
          {"lr", record.lr},
          {"plan_version", record.planVersion},
+         {"replica_drift", record.replicaDrift >= 0 ? json(record.replicaDrift) : json(nullptr)},
          {"ranks", ranks}},
         /*isStep=*/true);
   printStepLine(record);

@@ -59,6 +59,9 @@ struct StepRecord {
   int64_t planVersion = 0;
   double idealSamplesPerSecond = 0;  // the balancer's best-split prediction; 0 while it has none
   double regret = 0;  // how far the split in use is from it, predicted (balance::Balancer::regret)
+  // A step that re-synchronised the replicas (train.resync_every): the largest difference any
+  // rank's parameters had from rank 0's before; -1 on the other steps.
+  double replicaDrift = -1;
   std::vector<RankStep> ranks;
 };
 

@@ -51,6 +51,7 @@ enum StatField {
   kUpdateElements,  // ZeRO: the shard this step's optimizer updated, and its seconds of compute
   kUpdateSeconds,
   kStepCostSeconds,  // outside the micro-batches, whatever the share: the balancer's step cost
+  kReplicaDrift,     // a step that re-synchronised the replicas: how far this one had drifted
   kPeakBytes,  // device memory: the device categories' peak, -1 when unknown; then each category's
   kMemoryFirst,
   kFixedFields = kMemoryFirst + int(device::kMemoryCategories)
@@ -123,6 +124,7 @@ class Run {
                                                uint64_t(config_.train.seed));
     totalSteps_ =
         config_.train.steps > 0 ? config_.train.steps : sampler_->stepsFor(config_.train.epochs);
+    resyncEvery_ = resyncEveryOf(config_);
     if (config_.train.syncEvery > 1)
       periodic_ = std::make_unique<PeriodicSync>(
           model_, *optimizer_, comm_, periodicSyncOptionsOf(config_, totalSteps_, parallelOptions));
@@ -304,6 +306,10 @@ class Run {
         }
         // 4. The optimizer step, then the timings go to the balancer.
         optimizerStep(step, report);
+        if (!local && resynchronizesAt(step)) {
+          timeline::Span resync(timeline::Lane::Compute, "comm", "re-synchronise replicas");
+          report[kReplicaDrift] = parallel_->resynchronize();
+        }
       }
       if (local) periodic_->tookStep(mine.batch);
     }
@@ -345,6 +351,7 @@ class Run {
         if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
         applyLr(*optimizer_, schedule_->lrAt(step));
         optimizer_->step();
+        if (options_.afterOptimizerStep) options_.afterOptimizerStep(*model_, step);
       }
     }
     if (zero_) {
@@ -476,6 +483,14 @@ class Run {
     return report;
   }
 
+  // Whether rank 0's parameters replace the others' after `step` (train.resync_every): data
+  // parallelism only; ZeRO's replicas cannot drift (each parameter is updated by its one owner and
+  // all-gathered), and a local step of periodic averaging keeps its own replica by design.
+  bool resynchronizesAt(int64_t step) const {
+    return resyncEvery_ > 0 && !zero_ && !(periodic_ && periodic_->localAt(step)) &&
+           (step + 1) % resyncEvery_ == 0;
+  }
+
   // All-gathers the step's report in the background; it reaches the balancer at the end of the
   // next step (or at the next drain()): waiting for it at once would add a synchronisation of all
   // ranks, and with it every rank's optimizer step on the critical path, to every step.
@@ -537,6 +552,12 @@ class Run {
       if (follower_ && gather.step > startStep_ &&
           int64_t(row[kUpdateElements]) == zero_->layout().shard(r).size())
         follower_->observe(r, int64_t(row[kUpdateElements]), row[kUpdateSeconds]);
+    }
+    if (resynchronizesAt(gather.step)) {
+      record.replicaDrift = 0;
+      for (int r = 0; r < comm_->size(); ++r)
+        record.replicaDrift =
+            std::max(record.replicaDrift, gather.all[size_t(r) * kStatFields + kReplicaDrift]);
     }
     const bool changed = balancer_->endStep(gather.step);
     record.loss = lastLoss_ = lossSum / std::max(1.0, samples);
@@ -626,6 +647,7 @@ class Run {
   std::optional<Report> report_;
   int64_t totalSteps_ = 0;
   int64_t startStep_ = 0;
+  int64_t resyncEvery_ = 0;  // train.resync_every resolved (resyncEveryOf)
   double lastLoss_ = 0;
   uint64_t bytesSentBefore_ = 0, bytesReceivedBefore_ = 0;  // transport counters at the last step
   std::optional<PendingGather> pending_;

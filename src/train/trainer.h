@@ -38,6 +38,11 @@ struct TrainerOptions {
   std::function<std::shared_ptr<Model>()> makeModel;
   std::function<std::shared_ptr<const Dataset>(bool train)> makeDataset;
 
+  // Called on this rank right after each data-parallel optimizer step, with the step (0-based):
+  // a program may adjust the updated parameters; tests make a rank round its updates as another
+  // kind of device would, to measure the replicas' drift (train.resync_every).
+  std::function<void(Model&, int64_t step)> afterOptimizerStep;
+
   // What the console and metrics call makeModel's model ("": "a custom model").
   std::string modelName;
   // false: this rank reports nothing (no console, no metrics), even as rank 0 of its group.

@@ -62,6 +62,13 @@ Capabilities Capabilities::ofThisBuild() {
   return caps;
 }
 
+int64_t resyncEveryOf(const RunConfig& config) {
+  if (config.train.resyncEvery >= 0) return config.train.resyncEvery;
+  std::set<std::string> kinds;
+  for (const auto& d : config.devices) kinds.insert(d.kind);
+  return kinds.size() > 1 ? 100 : 0;
+}
+
 int64_t maxMicroBatch(const DeviceConfig& device, int64_t fixedBytes, int64_t bytesPerSample) {
   return balance::maxMicroBatch(device.memoryBytes, fixedBytes, bytesPerSample);
 }

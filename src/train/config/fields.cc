@@ -142,6 +142,10 @@ const Fields<TrainConfig>& trainFields() {
                "the newest N checkpoints stay, older ones are removed"),
       numField("bucket_mib", &T::bucketMib, within(0.001, 65536),
                "gradient bucket size (MiB) of the overlapped allreduce"),
+      intField("resync_every", &T::resyncEvery, within(-1, int64_t(1) << 40),
+               "data parallel (zero.stage = 0): every N steps rank 0's parameters replace the "
+               "others' and their drift is measured (replica_drift); 0 = never; -1 = 100 where "
+               "the devices are of more than one kind, else never"),
       choiceField("activation_checkpointing", &T::activationCheckpointing, {"none", "blocks"},
                   "none | blocks: recompute each model block's activations in backward"),
       intField("sync_every", &T::syncEvery, within(1, 1 << 20),

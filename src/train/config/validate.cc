@@ -52,8 +52,9 @@ void checkKindsAllowed(const Check& check, const Capabilities& caps) {
                  "this hetra was not built with CUDA support (build with -DHETRA_WITH_CUDA=ON)");
     if (kind == "rocm" && !caps.rocm)
       check.fail(key, quote(kind),
-                 "ROCm devices are not supported yet: hetra has no ROCm code (HETRA_WITH_ROCM=ON "
-                 "is refused at configure time)");
+                 "ROCm devices are not supported yet: the ROCm build (HETRA_WITH_ROCM=ON) "
+                 "compiles the codec kernels and the staging only, not training (use kind = "
+                 "\"cpu\")");
   }
 }
 
@@ -155,6 +156,17 @@ void checkOptimizerOptions(const Check& check, Warnings& warnings) {
   if (t.steps > 0 && t.warmupSteps >= t.steps)
     warnings.push_back(str("train.warmup_steps = ", t.warmupSteps,
                            " covers the whole run (train.steps = ", t.steps, ")"));
+}
+
+// train.resync_every applies to data parallelism; elsewhere it would silently do nothing.
+void warnUnusedResync(const RunConfig& c, Warnings& warnings) {
+  if (c.train.resyncEvery <= 0) return;
+  const char* why = c.zero.stage > 0          ? "ZeRO's replicas cannot drift (zero.stage > 0)"
+                    : c.parallel.pipeline > 1 ? "the pipeline trainer does not re-synchronise"
+                    : c.parallel.tensor > 1 ? "the tensor-parallel trainer does not re-synchronise"
+                                            : nullptr;
+  if (why)
+    warnings.push_back(str("train.resync_every = ", c.train.resyncEvery, " is ignored: ", why));
 }
 
 // The features of one sample, from the dataset itself (datasetGeometry); a dataset that cannot be
@@ -388,6 +400,7 @@ std::vector<std::string> checkBetweenKeys(const RunConfig& config, const Capabil
   warnOversubscription(config, caps, warnings);
   checkTrainLength(check);
   checkOptimizerOptions(check, warnings);
+  warnUnusedResync(config, warnings);
   checkModelFitsData(check);
   checkIslands(check);
   checkHosts(check);
