@@ -81,11 +81,16 @@ class DistributedOptimizer:
     With `model`, a step's device work begins at its first forward: loading the batch before it
     is the host's, timed for the balancer but not stretched (as in `hetra run`).
     The compute time of every step feeds the sampler's balancer.
+    `resync_every`: every that many steps rank 0's parameters (and the model's buffers) replace
+    every rank's after the update, and `replica_drifts` gets (step, the largest difference any
+    rank's element had from rank 0's): ranks whose devices round differently (a CUDA rank beside
+    CPU ranks) take the same gradients but drift apart (`hetra run`'s train.resync_every);
+    0 (default) never.
     """
 
     def __init__(self, optimizer, model=None, sampler=None, bucket_bytes=4 << 20,
                  direct_bytes=256 << 10, compression="none", compression_min_bytes=65536,
-                 slowdown=None, comm=None):
+                 slowdown=None, comm=None, resync_every=0):
         self.optimizer = optimizer
         self._comm = comm if comm is not None else _runtime.init().comm
         self._sampler = sampler if sampler is not None else HeteroSampler.latest()
@@ -101,6 +106,11 @@ class DistributedOptimizer:
             strangers = [i for i, p in enumerate(params) if id(p) not in known]
             if strangers:
                 raise ValueError(f"the optimizer's parameters {strangers} are not the model's")
+        if not (isinstance(resync_every, int) and resync_every >= 0):
+            raise ValueError(f"resync_every={resync_every!r}; allowed: an int >= 0 (0: never)")
+        self._resync_every = resync_every
+        self._resynced = params + (list(model.buffers()) if model is not None else [])
+        self.replica_drifts = []  # (step, drift) of every re-synchronisation
         self._buckets = self._make_buckets(params, bucket_bytes, direct_bytes)
         self._launched = 0  # buckets launched this step, in list order
         self._hooks = []
@@ -277,10 +287,29 @@ class DistributedOptimizer:
         self.step_cost_seconds.append(step_cost)
         if self._sampler is not None and self._sampler.balancing:
             self._share_times(wall, step_cost)
+        if self._resync_every and (self.steps + 1) % self._resync_every == 0:
+            self.replica_drifts.append((self.steps, self._resynchronize()))
         self.steps += 1
         self._synchronized = False
         self._forward_seen = False
         return result
+
+    def _resynchronize(self):
+        """Rank 0's parameters and buffers replace this rank's, received into copies first to
+        measure how far this rank's had drifted; returns the largest drift over every rank."""
+        root = self._comm.rank == 0
+        with torch.no_grad():
+            received = [t if root else torch.empty_like(t) for t in self._resynced]
+            for work in [ops.broadcast(r, 0, comm=self._comm) for r in received]:
+                work.wait()
+            drift = torch.zeros(1, dtype=torch.float64)
+            if not root:
+                for own, theirs in zip(self._resynced, received):
+                    if own.numel():
+                        drift = torch.maximum(drift, (theirs.double() - own.double()).abs().max())
+                    own.copy_(theirs)
+            ops.allreduce(drift, "max", comm=self._comm).wait()
+        return drift.item()
 
     def _share_times(self, wall, step_cost):
         # All-gathers this step's compute time and step cost in the background; the balancer gets
