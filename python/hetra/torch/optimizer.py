@@ -289,6 +289,8 @@ class DistributedOptimizer:
             self._share_times(wall, step_cost)
         if self._resync_every and (self.steps + 1) % self._resync_every == 0:
             self.replica_drifts.append((self.steps, self._resynchronize()))
+            # Communication, not the device's compute: the next step's segment starts after it.
+            self._step_start = self._restart_segment()
         self.steps += 1
         self._synchronized = False
         self._forward_seen = False
