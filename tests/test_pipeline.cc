@@ -245,8 +245,9 @@ Reference singleProcess(const RunConfig& config) {
 
 // Trains `config` with one thread per device over the shared-memory transport, rank 0 writing
 // `metrics`; returns each rank's model as training left it.
-std::vector<std::shared_ptr<BlockModel>> trainOnThreads(const RunConfig& config,
-                                                        const fs::path& metrics) {
+std::vector<std::shared_ptr<BlockModel>> trainOnThreads(
+    const RunConfig& config, const fs::path& metrics,
+    const std::function<void(int, TrainerOptions&)>& customize = {}) {
   const int world = int(config.devices.size());
   auto store = std::make_shared<store::MemoryStore>();
   std::vector<std::shared_ptr<BlockModel>> models(static_cast<size_t>(world));
@@ -262,6 +263,7 @@ std::vector<std::shared_ptr<BlockModel>> trainOnThreads(const RunConfig& config,
       models[size_t(rank)] = blockModel(config, *data);
       return std::shared_ptr<Model>(models[size_t(rank)]);
     };
+    if (customize) customize(rank, options);
     train(config, comm, options);
   });
   return models;
@@ -478,6 +480,56 @@ TEST(PipelineReplicas, ZeroOneOverThreePipelinesEqualsOneProcess) {
                       "devices=[{name=\"a0\"},{name=\"a1\"},{name=\"b0\",slowdown=2},"
                       "{name=\"b1\",slowdown=2},{name=\"c0\"},{name=\"c1\"}]"}),
       "replicas-zero");
+}
+
+// Replicas whose devices round differently drift apart; every train.resync_every steps the first
+// pipeline's stage parameters replace the others'. Rank r adds eps * r * (1 + i % 7) / 7 to
+// element i of what its optimizer updated, every step: a stage's two replicas (ranks s and 2 + s)
+// drift by 4 * 2 * eps in 4 steps, and after the last step, a re-synchronising one, every block is
+// bitwise alike on its replicas.
+TEST(PipelineReplicas, ResynchronisingBoundsTheDriftOfEachStagesReplicas) {
+  torch::set_num_threads(1);
+  const double eps = 1e-5;
+  const auto dir = tempDir("replicas-drift");
+  const auto config = pipelineConfig(
+      {"model.name=\"mlp\"", "model.hidden=[24, 16]", "train.momentum=0.9", "train.steps=12",
+       "train.resync_every=4", "parallel.pipeline=2", "parallel.chunks=2", "balance.mode=equal",
+       "devices=[{name=\"a0\"},{name=\"a1\"},{name=\"b0\"},{name=\"b1\"}]"});
+  const auto models =
+      trainOnThreads(config, dir / "metrics.jsonl", [&](int rank, TrainerOptions& options) {
+        options.afterOptimizerStep = [rank, eps](const std::vector<torch::Tensor>& updated,
+                                                 int64_t) {
+          torch::NoGradGuard noGrad;
+          for (const auto& p : updated) {
+            auto flat = p.view({-1});
+            const auto i = torch::arange(flat.numel(), torch::kInt64);
+            flat.add_((i.remainder(7) + 1).to(torch::kFloat32) * float(eps * rank / 7.0));
+          }
+        };
+      });
+  const auto steps = records(dir / "metrics.jsonl", "pipeline_step");
+  ASSERT_EQ(steps.size(), 12u);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    if ((s + 1) % 4 == 0) {
+      ASSERT_TRUE(steps[s]["replica_drift"].is_number()) << "step " << s + 1;
+      EXPECT_NEAR(steps[s]["replica_drift"].get<double>(), 8 * eps, 0.01 * 8 * eps)
+          << "step " << s + 1;
+    } else {
+      EXPECT_TRUE(steps[s]["replica_drift"].is_null()) << "step " << s + 1;
+    }
+  }
+  const size_t blocks = models[0]->blockCount();
+  for (size_t b = 0; b < blocks; ++b) {
+    std::vector<int> holders;
+    for (int r = 0; r < 4; ++r)
+      if (models[size_t(r)]->blockParameters(b).front().numel() > 0) holders.push_back(r);
+    ASSERT_EQ(holders.size(), 2u) << "block " << b;
+    const auto& first = models[size_t(holders[0])]->blockParameters(b);
+    const auto& second = models[size_t(holders[1])]->blockParameters(b);
+    for (size_t i = 0; i < first.size(); ++i)
+      EXPECT_TRUE(torch::equal(first[i], second[i])) << "block " << b << " parameter " << i;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(Pipeline, ConfigRefusesWhatThePipelineCannotRun) {

@@ -228,9 +228,10 @@ DriftRun trainDrifting(int64_t resyncEvery, double eps, const fs::path& metrics)
   DriftRun run;
   run.before.resize(config.devices.size());
   trainAll(config, metrics, "", [&](int rank, TrainerOptions& options) {
-    options.afterOptimizerStep = [&, rank](Model& model, int64_t step) {
+    options.afterOptimizerStep = [&, rank](const std::vector<torch::Tensor>& updated,
+                                           int64_t step) {
       torch::NoGradGuard noGrad;
-      for (auto& p : model.parameters()) {
+      for (const auto& p : updated) {
         if (step == 12) {  // after 12 steps, before this rank rounds step 13's update its way
           const auto flat = p.detach().reshape({-1}).contiguous();
           run.before[size_t(rank)].insert(run.before[size_t(rank)].end(), flat.data_ptr<float>(),

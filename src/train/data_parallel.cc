@@ -157,26 +157,30 @@ void DataParallel::broadcastParameters() {
 }
 
 double DataParallel::resynchronize() {
+  return adoptRootValues(*comm_, modelTensors());
+}
+
+double adoptRootValues(comm::Communicator& comm, const std::vector<torch::Tensor>& tensors) {
   torch::NoGradGuard noGrad;
-  const bool root = comm_->rank() == 0;
-  std::vector<torch::Tensor> own = modelTensors(), fromRoot;
+  const bool root = comm.rank() == 0;
   // The others receive rank 0's values in copies, to measure the drift before they replace their
   // own.
+  std::vector<torch::Tensor> fromRoot;
   std::vector<comm::WorkPtr> works;
-  for (auto& t : own) {
+  for (const auto& t : tensors) {
     fromRoot.push_back(root ? t : torch::empty_like(t));
-    works.push_back(broadcastModelTensor(*comm_, fromRoot.back()));
+    works.push_back(broadcastModelTensor(comm, fromRoot.back()));
   }
   for (auto& w : works) w->wait();
   double drift = 0;
   if (root) return drift;
-  for (size_t i = 0; i < own.size(); ++i) {
-    if (own[i].numel() > 0)
-      drift = std::max(drift, (fromRoot[i].to(torch::kFloat64) - own[i].to(torch::kFloat64))
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].numel() > 0)
+      drift = std::max(drift, (fromRoot[i].to(torch::kFloat64) - tensors[i].to(torch::kFloat64))
                                   .abs()
                                   .max()
                                   .item<double>());
-    own[i].copy_(fromRoot[i]);
+    tensors[i].copy_(fromRoot[i]);
   }
   return drift;
 }

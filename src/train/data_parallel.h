@@ -49,6 +49,11 @@ struct DataParallelOptions {
 comm::OpPolicy withErrorFeedback(const comm::Communicator& comm, comm::OpPolicy policy,
                                  size_t count, torch::Tensor& residual);
 
+// Rank 0's values of `tensors` (alike in shape on every rank: a model's parameters and buffers,
+// float32 or int64) replace every rank's; returns how far this rank's had drifted from them, the
+// largest absolute difference of any element (0 on rank 0). Collective over `comm`.
+double adoptRootValues(comm::Communicator& comm, const std::vector<torch::Tensor>& tensors);
+
 class DataParallel {
  public:
   DataParallel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<comm::Communicator> comm,
@@ -61,10 +66,10 @@ class DataParallel {
   void broadcastParameters();
 
   // broadcastParameters() that first measures how far this rank's replica had drifted from rank
-  // 0's: the largest absolute difference of any parameter or buffer element (0 on rank 0).
-  // Replicas on devices whose float arithmetic differs (a GPU's fused multiply-adds beside a CPU's
-  // loop) take the same averaged gradients but round their updates differently, so they drift
-  // apart step by step; doing this every N steps bounds the drift to N steps' worth.
+  // 0's (adoptRootValues). Replicas on devices whose float arithmetic differs (a GPU's fused
+  // multiply-adds beside a CPU's loop) take the same averaged gradients but round their updates
+  // differently, so they drift apart step by step; doing this every N steps bounds the drift to
+  // N steps' worth.
   double resynchronize();
 
   // The next backward is the step's last: as each parameter becomes ready its bucket fills, and

@@ -351,7 +351,7 @@ class Run {
         if (config_.train.gradClip > 0) clipGradNorm(model_->parameters(), config_.train.gradClip);
         applyLr(*optimizer_, schedule_->lrAt(step));
         optimizer_->step();
-        if (options_.afterOptimizerStep) options_.afterOptimizerStep(*model_, step);
+        if (options_.afterOptimizerStep) options_.afterOptimizerStep(model_->parameters(), step);
       }
     }
     if (zero_) {

@@ -12,9 +12,14 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "train/config.h"
+
+namespace at {
+class Tensor;  // torch::Tensor
+}
 
 namespace hetra::train {
 
@@ -38,10 +43,11 @@ struct TrainerOptions {
   std::function<std::shared_ptr<Model>()> makeModel;
   std::function<std::shared_ptr<const Dataset>(bool train)> makeDataset;
 
-  // Called on this rank right after each data-parallel optimizer step, with the step (0-based):
-  // a program may adjust the updated parameters; tests make a rank round its updates as another
-  // kind of device would, to measure the replicas' drift (train.resync_every).
-  std::function<void(Model&, int64_t step)> afterOptimizerStep;
+  // Called on this rank right after each optimizer step of data parallelism or of a pipeline
+  // stage, with the tensors it updated (the model's parameters; the stage's) and the step
+  // (0-based): a program may adjust them; tests make a rank round its updates as another kind of
+  // device would, to measure the replicas' drift (train.resync_every).
+  std::function<void(const std::vector<at::Tensor>& updated, int64_t step)> afterOptimizerStep;
 
   // What the console and metrics call makeModel's model ("": "a custom model").
   std::string modelName;

@@ -161,11 +161,9 @@ void checkOptimizerOptions(const Check& check, Warnings& warnings) {
 // train.resync_every applies to data parallelism; elsewhere it would silently do nothing.
 void warnUnusedResync(const RunConfig& c, Warnings& warnings) {
   if (c.train.resyncEvery <= 0) return;
-  // The tensor-parallel trainer runs the data-parallel one over each tensor rank's replicas, so it
-  // re-synchronises too.
-  const char* why = c.zero.stage > 0          ? "ZeRO's replicas cannot drift (zero.stage > 0)"
-                    : c.parallel.pipeline > 1 ? "the pipeline trainer does not re-synchronise"
-                                              : nullptr;
+  // The tensor-parallel trainer runs the data-parallel one over each tensor rank's replicas and
+  // the pipeline trainer re-synchronises its stages' replicas: only ZeRO has nothing to do.
+  const char* why = c.zero.stage > 0 ? "ZeRO's replicas cannot drift (zero.stage > 0)" : nullptr;
   if (why)
     warnings.push_back(str("train.resync_every = ", c.train.resyncEvery, " is ignored: ", why));
 }

@@ -120,6 +120,7 @@ void PipelineReport::step(const PipelineStepRecord& record) {
       step["shares"] = record.shares;
       step["pipeline_s"] = record.pipelineSeconds;
       step["ideal_samples_per_s"] = record.balancerIdeal > 0 ? json(record.balancerIdeal) : json();
+      step["replica_drift"] = record.replicaDrift >= 0 ? json(record.replicaDrift) : json();
     }
     metrics_ << metricsLine("pipeline_step", step);
     metrics_.flush();

@@ -43,6 +43,7 @@ struct PipelineStepRecord {
   std::vector<int64_t> shares;          // each pipeline's samples
   std::vector<double> pipelineSeconds;  // each pipeline's schedule, its slowest stage's
   double balancerIdeal = 0;  // several pipelines: the balancer's ideal_samples_per_s (0: unknown)
+  double replicaDrift = -1;  // a re-synchronising step: the largest drift of a replica; else -1
 };
 
 struct PipelineReportOptions {

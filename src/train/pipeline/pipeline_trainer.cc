@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -67,6 +68,7 @@ enum StatField {
   kActivationBytes,
   kForwardBackwardSeconds,
   kSamples,
+  kReplicaDrift,  // a step that re-synchronised the stage's replicas: how far this one had drifted
   kStatFields
 };
 
@@ -218,6 +220,9 @@ class PipelineRun {
     totalSteps_ =
         config.train.steps > 0 ? config.train.steps : sampler_->stepsFor(config.train.epochs);
     schedule_.emplace(scheduleSpecOf(config.train, totalSteps_));
+    // ZeRO-1's replicas cannot drift (one owner per parameter); one pipeline has no replicas.
+    resyncEvery_ = config.zero.stage == 0 && replicas_ > 1 ? resyncEveryOf(config) : 0;
+    afterOptimizerStep_ = options.afterOptimizerStep;
     if (replicas_ > 1)
       balancer_.emplace(balancerOptionsOf(config),
                         std::vector<balance::RankCaps>(size_t(replicas_)));
@@ -428,8 +433,16 @@ class PipelineRun {
     const double forwardBackward = result.computeSeconds;
     const UpdateSeconds updated = update_->update(schedule_->lrAt(step), compute_, slowdown);
     result.computeSeconds += updated.compute;
+    if (afterOptimizerStep_) afterOptimizerStep_(update_->parameters(), step);
+    const bool resync = resynchronizesAt(step);
+    double drift = 0;
+    if (resync) {
+      timeline::Span span(timeline::Lane::Compute, "comm", "re-synchronise replicas");
+      drift = update_->resynchronize();
+    }
     const double seconds = secondsSince(start);
     std::vector<double> report(kStatFields, 0.0), all(size_t(kStatFields) * size_t(world_->size()));
+    report[kReplicaDrift] = drift;
     report[kLossSum] = result.lossSum;
     report[kStageSeconds] = result.computeSeconds;
     report[kStepSeconds] = seconds;
@@ -475,6 +488,12 @@ class PipelineRun {
       record.stages.push_back(std::move(s));
     }
     record.pipelineSeconds = pipelineSeconds;
+    if (resync) {
+      record.replicaDrift = 0;
+      for (int r = 0; r < world_->size(); ++r)
+        record.replicaDrift =
+            std::max(record.replicaDrift, all[size_t(r) * kStatFields + kReplicaDrift]);
+    }
     record.loss = lastLoss = lossSum / double(config_.train.globalBatch);
     if (balancer_) {
       // A pipeline is one device to the balancer: its share as one micro-batch, its time the
@@ -488,6 +507,12 @@ class PipelineRun {
     report_->step(record);
     if (watch_) watchPartition(step, all);
     return record.seconds;
+  }
+
+  // Whether the first pipeline's stage parameters replace the others' after `step`
+  // (train.resync_every).
+  bool resynchronizesAt(int64_t step) const {
+    return resyncEvery_ > 0 && (step + 1) % resyncEvery_ == 0;
   }
 
   // The step's forward+backward times per stage position (its slowest replica per sample) to the
@@ -625,6 +650,8 @@ class PipelineRun {
   std::vector<torch::Tensor> stageParameters_;
   StageUpdateOptions updateOptions_;
   std::optional<StageUpdate> update_;
+  int64_t resyncEvery_ = 0;  // train.resync_every resolved; 0 where the replicas cannot drift
+  std::function<void(const std::vector<torch::Tensor>&, int64_t)> afterOptimizerStep_;
   std::optional<balance::PartitionWatch> watch_;    // partition = "balanced", repartition, no ZeRO
   int64_t moves_ = 0;                               // re-partitions done
   std::vector<std::vector<int64_t>> outputShapes_;  // per block, per sample

@@ -4,6 +4,7 @@
 #include "common/timeline.h"
 #include "common/timing.h"
 #include "device/memory_accounting.h"
+#include "train/data_parallel.h"
 #include "train/models.h"
 #include "train/zero_parallel.h"
 
@@ -125,6 +126,11 @@ ParameterState StageUpdate::stateOf(const torch::Tensor& parameter) {
 void StageUpdate::setState(const torch::Tensor& parameter, ParameterState state) {
   HETRA_ENFORCE(optimizer_ != nullptr, "moving optimizer state needs zero.stage = 0");
   setParameterState(*optimizer_, parameter, std::move(state));
+}
+
+double StageUpdate::resynchronize() {
+  if (zero_ || replicas_->size() == 1) return 0.0;
+  return adoptRootValues(*replicas_, parameters_);
 }
 
 int64_t StageUpdate::updatedElements() const {

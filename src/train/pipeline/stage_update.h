@@ -66,6 +66,14 @@ class StageUpdate {
   // Elements of the stage this replica updates (its ZeRO-1 shard, else all of them).
   int64_t updatedElements() const;
 
+  // The stage's parameters.
+  const std::vector<torch::Tensor>& parameters() const { return parameters_; }
+
+  // zero.stage 0 with several replicas: the first replica's parameters replace the others' (they
+  // drift apart where the replicas' devices round differently); returns how far this replica's had
+  // drifted (adoptRootValues). ZeRO-1 and a single pipeline: 0, nothing to do. Collective.
+  double resynchronize();
+
  private:
   // zero.stage 0: every gradient (zeros where a replica ran no samples) summed over the group.
   void sumGradients();
