@@ -371,6 +371,18 @@ TEST(Config, ResyncEveryOutsideDataParallelismIsAWarning) {
   EXPECT_CONTAINS(errorOf(two, {"train.resync_every=-2"}), "train.resync_every");
 }
 
+// bf16 autocasts the forward only: what would compute another precision than the forward is
+// refused, naming the key and why.
+TEST(Config, Bf16PrecisionRefusesWhatWouldRecomputeInFloat32) {
+  const std::string two = "[[devices]]\n[[devices]]\n";
+  EXPECT_TRUE(parse(two, {"train.precision=bf16"}).warnings.empty());
+  EXPECT_CONTAINS(errorOf(two, {"train.precision=bf16", "train.activation_checkpointing=blocks"}),
+                  "train.precision = \"bf16\": not supported with train.activation_checkpointing");
+  EXPECT_CONTAINS(errorOf(two, {"train.precision=bf16", "zero.stage=3"}),
+                  "train.precision = \"bf16\": not supported with zero.stage = 3");
+  EXPECT_CONTAINS(errorOf(two, {"train.precision=fp16"}), "train.precision");
+}
+
 TEST(Config, RoundTripOfEveryNonDefault) {
   RunConfig c = parse(kMinimal);
   c.model = {"transformer", {7, 3}, {5}, 3, 2, 10, 7};
@@ -394,6 +406,7 @@ TEST(Config, RoundTripOfEveryNonDefault) {
   c.train.checkpointDir = "ck";
   c.train.bucketMib = 0.5;
   c.train.resyncEvery = 25;
+  c.train.precision = "bf16";
   c.balance = {"static", 0.1, 4, 3, 6};
   c.comm = {"shm", 12.5, "none"};
   c.devices[0].threads = 2;

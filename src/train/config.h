@@ -72,6 +72,8 @@ struct TrainConfig {
   // replicas is measured (DataParallel::resynchronize); 0 = never; -1 = 100 where the devices are
   // of more than one kind (their arithmetic differs), else never (resyncEveryOf).
   int64_t resyncEvery = -1;
+  // fp32 | bf16: a micro-batch's forward under autocast to bfloat16 (train/precision.h)
+  std::string precision = "fp32";
   // none | blocks: recompute each block's activations in backward (docs/memory.md)
   std::string activationCheckpointing = "none";
   // Periodic model averaging (train/periodic_sync.h): H local steps per round; 1 = synchronous.

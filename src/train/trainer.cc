@@ -21,6 +21,7 @@
 #include "train/optim.h"
 #include "train/periodic_sync.h"
 #include "train/pipeline/pipeline_trainer.h"
+#include "train/precision.h"
 #include "train/rank_device.h"
 #include "train/report.h"
 #include "train/sampler.h"
@@ -449,6 +450,7 @@ class Run {
       device::ComputeScope segment(emulator_, slowdown, computeClocks_);
       timeline::Span forward(timeline::Lane::Compute, "compute", "forward");
       forward.arg("micro_batch", int64_t(j)).arg("samples", sizes[j]);
+      std::optional<ForwardPrecision> precision(std::in_place, config_.train.precision);
       auto logits = model_->forward(batch.inputs);
       // Summed over the micro-batch and divided by the global batch B, so the all-reduced sum is
       // the gradient of the mean loss over the global batch, whatever the split: DataParallel then
@@ -456,6 +458,7 @@ class Run {
       auto loss = torch::nn::functional::cross_entropy(
           logits, batch.targets,
           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      precision.reset();
       forward.end();
       timeline::Span backward(timeline::Lane::Compute, "compute", "backward");
       backward.arg("micro_batch", int64_t(j));

@@ -146,6 +146,9 @@ const Fields<TrainConfig>& trainFields() {
                "data parallel (zero.stage = 0): every N steps rank 0's parameters replace the "
                "others' and their drift is measured (replica_drift); 0 = never; -1 = 100 where "
                "the devices are of more than one kind, else never"),
+      choiceField("precision", &T::precision, {"fp32", "bf16"},
+                  "fp32 | bf16: forward under autocast (matrix products in bfloat16; "
+                  "parameters, gradients and optimizer in float32)"),
       choiceField("activation_checkpointing", &T::activationCheckpointing, {"none", "blocks"},
                   "none | blocks: recompute each model block's activations in backward"),
       intField("sync_every", &T::syncEvery, within(1, 1 << 20),

@@ -158,6 +158,27 @@ void checkOptimizerOptions(const Check& check, Warnings& warnings) {
                            " covers the whole run (train.steps = ", t.steps, ")"));
 }
 
+// bf16 autocasts the forward only: what runs a block's forward again in backward (activation
+// checkpointing, ZeRO-3's recompute), or moves activations between ranks as float32 (tensor
+// parallelism), would compute in another precision than the forward did.
+void checkPrecision(const Check& check) {
+  const RunConfig& c = check.c;
+  if (c.train.precision == "fp32") return;
+  const std::string value = quote(c.train.precision);
+  if (c.train.activationCheckpointing != "none")
+    check.fail("train.precision", value,
+               "not supported with train.activation_checkpointing yet (the recompute in backward "
+               "would run in float32)");
+  if (c.zero.stage == 3)
+    check.fail("train.precision", value,
+               "not supported with zero.stage = 3 yet (its recompute in backward would run in "
+               "float32)");
+  if (c.parallel.tensor > 1)
+    check.fail("train.precision", value,
+               "not supported with parallel.tensor > 1 yet (its all-reduced activations are "
+               "float32)");
+}
+
 // train.resync_every applies to data parallelism; elsewhere it would silently do nothing.
 void warnUnusedResync(const RunConfig& c, Warnings& warnings) {
   if (c.train.resyncEvery <= 0) return;
@@ -303,6 +324,7 @@ void checkPipeline(const Check& check) {
   };
   refuse(c.train.gradClip > 0, "train.grad_clip", formatDouble(c.train.gradClip));
   refuse(c.train.syncEvery > 1, "train.sync_every", std::to_string(c.train.syncEvery));
+  refuse(c.train.precision != "fp32", "train.precision", quote(c.train.precision));
   refuse(c.train.checkpointEvery > 0, "train.checkpoint_every",
          std::to_string(c.train.checkpointEvery));
   refuse(c.comm.compression != "none", "comm.compression", quote(c.comm.compression));
@@ -350,6 +372,7 @@ void checkTensor(const Check& check) {
   refuse(c.zero.stage > 0, "zero.stage", std::to_string(c.zero.stage));
   refuse(c.train.gradClip > 0, "train.grad_clip", formatDouble(c.train.gradClip));
   refuse(c.train.syncEvery > 1, "train.sync_every", std::to_string(c.train.syncEvery));
+  refuse(c.train.precision != "fp32", "train.precision", quote(c.train.precision));
   refuse(c.train.checkpointEvery > 0, "train.checkpoint_every",
          std::to_string(c.train.checkpointEvery));
   refuse(c.train.globalBatch == 0, "train.global_batch", "0");
@@ -400,6 +423,7 @@ std::vector<std::string> checkBetweenKeys(const RunConfig& config, const Capabil
   checkTrainLength(check);
   checkOptimizerOptions(check, warnings);
   warnUnusedResync(config, warnings);
+  checkPrecision(check);
   checkModelFitsData(check);
   checkIslands(check);
   checkHosts(check);
