@@ -380,6 +380,11 @@ TEST(Config, Bf16PrecisionRefusesWhatWouldRecomputeInFloat32) {
                   "train.precision = \"bf16\": not supported with train.activation_checkpointing");
   EXPECT_CONTAINS(errorOf(two, {"train.precision=bf16", "zero.stage=3"}),
                   "train.precision = \"bf16\": not supported with zero.stage = 3");
+  EXPECT_CONTAINS(
+      errorOf(two, {"train.precision=bf16", "parallel.tensor=2", "model.name=\"transformer\""}),
+      "train.precision = \"bf16\": not supported with parallel.tensor > 1");
+  EXPECT_CONTAINS(errorOf(two, {"train.precision=bf16", "parallel.pipeline=2"}),
+                  "train.precision = \"bf16\": not supported with parallel.pipeline > 1");
   EXPECT_CONTAINS(errorOf(two, {"train.precision=fp16"}), "train.precision");
 }
 

@@ -372,7 +372,6 @@ void checkTensor(const Check& check) {
   refuse(c.zero.stage > 0, "zero.stage", std::to_string(c.zero.stage));
   refuse(c.train.gradClip > 0, "train.grad_clip", formatDouble(c.train.gradClip));
   refuse(c.train.syncEvery > 1, "train.sync_every", std::to_string(c.train.syncEvery));
-  refuse(c.train.precision != "fp32", "train.precision", quote(c.train.precision));
   refuse(c.train.checkpointEvery > 0, "train.checkpoint_every",
          std::to_string(c.train.checkpointEvery));
   refuse(c.train.globalBatch == 0, "train.global_batch", "0");
