@@ -68,9 +68,10 @@ struct TrainConfig {
   std::string checkpointDir = "checkpoints";
   int64_t keepCheckpoints = 3;  // the newest N checkpoints stay, older ones are removed
   double bucketMib = 25.0;      // gradient bucket size for the overlapped allreduce
-  // Data parallel: every N steps rank 0's parameters replace the others' and the drift between the
-  // replicas is measured (DataParallel::resynchronize); 0 = never; -1 = 100 where the devices are
-  // of more than one kind (their arithmetic differs), else never (resyncEveryOf).
+  // zero.stage = 0: every N steps rank 0's parameters replace the other replicas' and the drift
+  // between them is measured (adoptRootValues: data parallelism, each pipeline stage); 0 = never;
+  // -1 = 100 where the devices are of more than one kind (their arithmetic differs), else never
+  // (resyncEveryOf).
   int64_t resyncEvery = -1;
   // fp32 | bf16: a micro-batch's forward under autocast to bfloat16 (train/precision.h)
   std::string precision = "fp32";

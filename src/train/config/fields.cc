@@ -143,9 +143,10 @@ const Fields<TrainConfig>& trainFields() {
       numField("bucket_mib", &T::bucketMib, within(0.001, 65536),
                "gradient bucket size (MiB) of the overlapped allreduce"),
       intField("resync_every", &T::resyncEvery, within(-1, int64_t(1) << 40),
-               "data parallel (zero.stage = 0): every N steps rank 0's parameters replace the "
-               "others' and their drift is measured (replica_drift); 0 = never; -1 = 100 where "
-               "the devices are of more than one kind, else never"),
+               "zero.stage = 0: every N steps rank 0's parameters replace the other replicas' "
+               "(each stage's, with several pipelines) and their drift is measured "
+               "(replica_drift); 0 = never; -1 = 100 where the devices are of more than one "
+               "kind, else never"),
       choiceField("precision", &T::precision, {"fp32", "bf16"},
                   "fp32 | bf16: forward under autocast (matrix products in bfloat16; "
                   "parameters, gradients and optimizer in float32)"),

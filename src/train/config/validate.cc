@@ -179,14 +179,12 @@ void checkPrecision(const Check& check) {
                "float32)");
 }
 
-// train.resync_every applies to data parallelism; elsewhere it would silently do nothing.
+// train.resync_every: the data-parallel, tensor-parallel and pipeline trainers re-synchronise their
+// replicas; ZeRO has none that could drift, so there the key would silently do nothing.
 void warnUnusedResync(const RunConfig& c, Warnings& warnings) {
-  if (c.train.resyncEvery <= 0) return;
-  // The tensor-parallel trainer runs the data-parallel one over each tensor rank's replicas and
-  // the pipeline trainer re-synchronises its stages' replicas: only ZeRO has nothing to do.
-  const char* why = c.zero.stage > 0 ? "ZeRO's replicas cannot drift (zero.stage > 0)" : nullptr;
-  if (why)
-    warnings.push_back(str("train.resync_every = ", c.train.resyncEvery, " is ignored: ", why));
+  if (c.train.resyncEvery > 0 && c.zero.stage > 0)
+    warnings.push_back(str("train.resync_every = ", c.train.resyncEvery,
+                           " is ignored: ZeRO's replicas cannot drift (zero.stage > 0)"));
 }
 
 // The features of one sample, from the dataset itself (datasetGeometry); a dataset that cannot be
