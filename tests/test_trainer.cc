@@ -394,6 +394,68 @@ TEST(Trainer, ResumedRunEndsWhereAnUninterruptedRunEnds) {
   fs::remove_all(dir);
 }
 
+// A device no share pays for (balance/balancer.h, "left out"): rank 0, 300 times slower than the
+// others, is left out after the profiling steps. The run follows the one-device run step by step,
+// every replica ends alike (the left-out one brought up to date), and a run resumed from the
+// checkpoint the left-out rank 0 saved ends where the one device does: rank 0 saved the model and
+// optimizer state of a rank still training, not its own stale ones.
+TEST(Trainer, ADeviceNoSharePaysForIsLeftOutAndTheRunStaysTheOneDevicesRun) {
+  torch::set_num_threads(1);
+  const auto dir = tempDir("left-out");
+  ModelSpec spec;  // examples/tiny_synthetic.toml's model, built by the test to read it after
+  spec.sampleShape = {16};
+  spec.classes = 4;
+  spec.hidden = {32};
+  std::vector<std::shared_ptr<Model>> models;
+  const auto keepModels = [&](int rank, TrainerOptions& options) {
+    options.makeModel = [&, rank] { return models[size_t(rank)] = makeModel(spec); };
+  };
+  const std::string three =
+      "devices=[{name=\"crawl\", slowdown=300}, {name=\"fast\"}, {name=\"also-fast\"}]";
+  models.assign(1, nullptr);
+  const auto single = trainAll(tinyConfig({"train.steps=20", "devices=[{name=\"solo\"}]"}),
+                               dir / "single.jsonl", "", keepModels);
+
+  models.assign(3, nullptr);
+  const auto mixed =
+      trainAll(tinyConfig({"train.steps=20", three}), dir / "mixed.jsonl", "", keepModels);
+  expectSameLosses(mixed, single, 20, 1e-4);
+  for (size_t r = 1; r < 3; ++r) {
+    const auto p0 = models[0]->parameters(), pr = models[r]->parameters();
+    for (size_t i = 0; i < p0.size(); ++i)
+      EXPECT_TRUE(torch::equal(p0[i], pr[i])) << "rank " << r << ", parameter " << i;
+  }
+  // The balance record says why; every step on its plan or a later one gives rank 0 no samples.
+  int64_t leftAt = -1, version = -1, stepsWithout = 0;
+  std::ifstream in(dir / "mixed.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "balance" &&
+        record["reason"].get<std::string>().find("rank 0 left out") != std::string::npos) {
+      leftAt = record["step"].get<int64_t>();
+      version = record["version"].get<int64_t>();
+    }
+  }
+  ASSERT_GT(leftAt, 0) << "no balance record leaves rank 0 out";
+  EXPECT_LE(leftAt, 6) << "three profiling steps, then the decision";
+  for (const auto& record : stepRecords(dir / "mixed.jsonl"))
+    if (record["plan_version"].get<int64_t>() >= version) {
+      EXPECT_EQ(record["ranks"][0]["batch"].get<int64_t>(), 0) << record.dump();
+      ++stepsWithout;
+    }
+  EXPECT_GE(stepsWithout, 20 - leftAt - 1);
+
+  const auto part = dir / "part";
+  const auto checkpointed = [&](int64_t steps) {
+    return tinyConfig({"train.steps=" + std::to_string(steps), three, "train.checkpoint_every=10",
+                       "train.checkpoint_dir=\"" + part.string() + "\""});
+  };
+  trainAll(checkpointed(10), dir / "part.jsonl", "", keepModels);
+  const auto resumed = trainAll(checkpointed(20), dir / "resumed.jsonl", part.string(), keepModels);
+  expectSameLosses(resumed, std::vector<double>(single.begin() + 10, single.end()), 10, 1e-4);
+  fs::remove_all(dir);
+}
+
 // With compressed gradients and error feedback, each rank's residuals are part of the checkpoint:
 // the resumed run continues exactly as the uninterrupted one (the same losses, step for step).
 TEST(Trainer, ResumeRestoresEveryRanksErrorFeedback) {

@@ -18,7 +18,9 @@ namespace hetra::balance {
 namespace {
 
 constexpr const char* kSubsys = "balance";
-constexpr int kStateFormat = 2;
+constexpr int kStateFormat = 3;  // 3: left-out ranks and the communication (2026-12-06)
+// observeCommunication keeps the last kCommunicationSteps steps; their median counts.
+constexpr size_t kCommunicationSteps = 9;
 // Fractions of the way from the plan to the candidate a move or a probe may go, farthest first.
 constexpr double kFractions[] = {1.0, 0.5, 0.25};
 // A move is judged over kDraws cost models drawn from the fitted ones' uncertainty: its sure gain
@@ -177,16 +179,28 @@ BalancerOptions BalancerOptions::fromParams(int64_t globalBatch) {
 std::string Plan::summary() const {
   std::ostringstream os;
   os << "v" << version << " [b/m/k:";
-  for (const auto& r : ranks) os << " " << r.batch << "/" << r.microBatch << "/" << r.accumSteps;
+  for (const auto& r : ranks) {
+    if (r.leftOut)
+      os << " out";
+    else
+      os << " " << r.batch << "/" << r.microBatch << "/" << r.accumSteps;
+  }
   os << "] predicted " << predictedStepSeconds << "s (" << reason << ")";
   return os.str();
+}
+
+std::vector<bool> Plan::leftOut() const {
+  std::vector<bool> out;
+  for (const auto& r : ranks) out.push_back(r.leftOut);
+  return out;
 }
 
 Balancer::Balancer(BalancerOptions options, std::vector<RankCaps> caps)
     : options_(options),
       models_(caps.size(), ThroughputModel(options.keepShape)),
       pending_(caps.size()),
-      pendingStepCosts_(caps.size(), -1.0) {
+      pendingStepCosts_(caps.size(), -1.0),
+      leftOut_(caps.size(), false) {
   validate(options_, caps);
   for (const auto& c : caps) caps_.push_back(std::min(c.maxMicroBatch, options_.globalBatch));
   const std::vector<int64_t> first = firstShares();
@@ -250,6 +264,20 @@ void Balancer::observeStepCost(int rank, double seconds) {
   if (options_.stepCosts) pendingStepCosts_[size_t(rank)] = seconds;
 }
 
+void Balancer::observeCommunication(double seconds) {
+  HETRA_ENFORCE(std::isfinite(seconds) && seconds >= 0.0, "communication ", seconds, "s");
+  pendingCommunication_ = seconds;
+}
+
+double Balancer::communicationSeconds(int members) const {
+  if (members <= 1 || communication_.empty()) return 0.0;
+  return quantile(communication_, 0.5);
+}
+
+int Balancer::activeRanks() const {
+  return int(std::count(leftOut_.begin(), leftOut_.end(), false));
+}
+
 bool Balancer::modelsKnown() const {
   return std::all_of(models_.begin(), models_.end(),
                      [](const ThroughputModel& m) { return m.cost().known(); });
@@ -257,7 +285,13 @@ bool Balancer::modelsKnown() const {
 
 std::vector<CostModel> Balancer::costs() const {
   std::vector<CostModel> out;
-  for (const auto& m : models_) out.push_back(m.cost());
+  for (size_t i = 0; i < models_.size(); ++i) {
+    out.push_back(models_[i].cost());
+    if (leftOut_[i]) {
+      out.back() = CostModel{};
+      out.back().perSample = std::numeric_limits<double>::infinity();
+    }
+  }
   return out;
 }
 
@@ -283,8 +317,9 @@ void Balancer::hintSpeedChange(int rank) {
 std::vector<std::vector<CostModel>> Balancer::drawCosts(int64_t step) const {
   std::mt19937_64 rng(0x9e3779b97f4a7c15ULL ^ uint64_t(step));
   std::vector<std::vector<CostModel>> draws(kDraws);
-  for (auto& costs : draws)
-    for (const auto& m : models_) costs.push_back(drawn(m.cost(), rng));
+  const std::vector<CostModel> fitted = costs();
+  for (auto& drawnCosts : draws)
+    for (const auto& c : fitted) drawnCosts.push_back(drawn(c, rng));
   return draws;
 }
 
@@ -295,8 +330,9 @@ Plan Balancer::makePlan(const std::vector<int64_t>& shares) const {
     r.batch = shares[i];
     r.microBatch = microBatchSize(shares[i], caps_[i]);
     r.accumSteps = accumSteps(shares[i], caps_[i]);
+    r.leftOut = leftOut_[i];
     const CostModel& cost = models_[i].cost();
-    if (cost.known()) {
+    if (cost.known() && !r.leftOut) {
       r.predictedSeconds = cost.stepSeconds(r.batch, r.accumSteps);
       r.overheadSeconds = cost.overhead;
       r.perSampleSeconds = cost.perSample;
@@ -316,7 +352,12 @@ void Balancer::refreshPlan() {
   plan_ = std::move(refreshed);
 }
 
-void Balancer::adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason) {
+void Balancer::adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason,
+                     int leaveOut) {
+  if (leaveOut >= 0) {
+    leftOut_[size_t(leaveOut)] = true;
+    HETRA_INFO(kSubsys, "rank ", leaveOut, " is left out for the rest of the run");
+  }
   const int64_t version = plan_.version + 1;
   plan_ = makePlan(shares);
   plan_.version = version;
@@ -336,6 +377,11 @@ bool Balancer::endStep(int64_t step) {
     if (pendingStepCosts_[i] >= 0.0) models_[i].addStepCost(step, pendingStepCosts_[i]);
     pendingStepCosts_[i] = -1.0;
   }
+  if (pendingCommunication_ >= 0.0) {
+    communication_.push_back(pendingCommunication_);
+    if (communication_.size() > kCommunicationSteps) communication_.erase(communication_.begin());
+  }
+  pendingCommunication_ = -1.0;
 
   refreshPlan();
 
@@ -355,12 +401,12 @@ bool Balancer::endStep(int64_t step) {
     profiled_ = true;
     changeStep_ = step;
     if (next.shares.empty()) return false;
-    adopt(next.shares, step, kind + next.reason);
+    adopt(next.shares, step, kind + next.reason, next.leaveOut);
     return true;
   }
   streak_ = next.shares.empty() ? 0 : streak_ + 1;
   if (streak_ >= options_.persistSteps && step - changeStep_ >= options_.minStepsBetweenChanges) {
-    adopt(next.shares, step, kind + next.reason);
+    adopt(next.shares, step, kind + next.reason, next.leaveOut);
     return true;
   }
   return false;
@@ -370,6 +416,7 @@ Balancer::Decision Balancer::decide(int64_t step) {
   std::vector<int64_t> planShares;
   for (const auto& r : plan_.ranks) planShares.push_back(r.batch);
   const std::vector<CostModel> fitted = costs();
+  if (Decision out = leaveOutDecision(step, fitted); out.leaveOut >= 0) return out;
   const std::vector<int64_t> candidate = bestShares(fitted);
   const double current = plan_.predictedStepSeconds;
   lastGain_ = current > 0.0 ? 1.0 - stepSeconds(fitted, caps_, candidate) / current : 0.0;
@@ -432,7 +479,7 @@ Balancer::Decision Balancer::remeasureIdleRank(int64_t step, const std::vector<i
   const auto donor = std::max_element(planShares.begin(), planShares.end());
   if (current <= 0.0 || *donor < 2) return {};
   for (size_t i = 0; i < planShares.size(); ++i) {
-    if (planShares[i] != 0) continue;
+    if (planShares[i] != 0 || leftOut_[i]) continue;
     // One sample holds for about minStepsBetweenChanges steps (then the split moves back if the
     // rank is still not worth it) at a predicted excess `excess` of the step: once in `interval`
     // steps keeps the average cost within kProbeCost.
@@ -452,6 +499,42 @@ Balancer::Decision Balancer::remeasureIdleRank(int64_t step, const std::vector<i
   return {};
 }
 
+Balancer::Decision Balancer::leaveOutDecision(int64_t step,
+                                              const std::vector<CostModel>& fitted) const {
+  const int members = activeRanks();
+  if (!options_.leaveOut || members <= 1) return {};
+  const double with =
+      stepSeconds(fitted, caps_, bestShares(fitted)) + communicationSeconds(members);
+  // A decision that stays out for the rest of the run wants more than a rebalance: a gain beyond
+  // the noise of the slowest of the levels, as a probe does, and twice the threshold.
+  double levelError = 0.0;
+  for (size_t i = 0; i < fitted.size(); ++i)
+    if (!leftOut_[i]) levelError = std::max(levelError, fitted[i].relativeError);
+  const double margin = std::max(
+      kProbeSigmas * levelError * std::sqrt(2.0 * std::log(std::max(2.0, double(members)))),
+      2.0 * options_.rebalanceThreshold);
+  Decision best;
+  double bestWithout = with;
+  for (size_t i = 0; i < fitted.size(); ++i) {
+    if (leftOut_[i]) continue;
+    std::vector<CostModel> without = fitted;
+    without[i] = CostModel{};
+    without[i].perSample = std::numeric_limits<double>::infinity();
+    const std::vector<int64_t> shares = bestShares(without);
+    const double seconds = stepSeconds(without, caps_, shares) + communicationSeconds(members - 1);
+    if (seconds >= bestWithout || 1.0 - seconds / with <= margin) continue;
+    bestWithout = seconds;
+    best.shares = shares;
+    best.leaveOut = int(i);
+    best.reason =
+        str(" at step ", step, ": rank ", i, " left out: no share pays for it (its step cost ",
+            fitted[i].perStep, "s, ", fitted[i].perSample, "s per sample; communication ",
+            communicationSeconds(members), "s); predicted step ", with, "s with it, ", seconds,
+            "s without");
+  }
+  return best;
+}
+
 std::string Balancer::save() const {
   nlohmann::json j;
   j["format"] = kStateFormat;
@@ -463,7 +546,8 @@ std::string Balancer::save() const {
                   {"profile_steps", options_.profileSteps},
                   {"shares_within_caps", options_.sharesWithinCaps},
                   {"step_costs", options_.stepCosts},
-                  {"keep_shape", options_.keepShape}};
+                  {"keep_shape", options_.keepShape},
+                  {"leave_out", options_.leaveOut}};
   j["caps"] = caps_;
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : plan_.ranks)
@@ -485,15 +569,20 @@ std::string Balancer::save() const {
   j["warned_unknown"] = warnedUnknown_;
   j["last_gain"] = lastGain_;
   j["last_sure_gain"] = lastSureGain_;
+  j["left_out"] = leftOut_;
+  j["communication"] = communication_;
+  j["pending_communication"] = pendingCommunication_;
   return j.dump();
 }
 
 Balancer Balancer::load(const std::string& state) {
   try {
     const nlohmann::json j = nlohmann::json::parse(state);
-    if (j.at("format").get<int>() != kStateFormat)
+    // Format 2 is format 3 without left-out ranks and communication (before 2026-12-06).
+    const int format = j.at("format").get<int>();
+    if (format != kStateFormat && format != 2)
       throw ConfigError(str("balance: saved state format=", j.at("format").dump(),
-                            " is not supported; expected ", kStateFormat));
+                            " is not supported; expected 2 or ", kStateFormat));
     const auto& o = j.at("options");
     BalancerOptions options;
     options.mode = parseMode(o.at("mode").get<std::string>());
@@ -505,6 +594,7 @@ Balancer Balancer::load(const std::string& state) {
     options.sharesWithinCaps = o.value("shares_within_caps", false);  // absent before 2026-12-03
     options.stepCosts = o.value("step_costs", true);                  // absent before 2026-12-05
     options.keepShape = o.value("keep_shape", true);                  // absent before 2026-12-06
+    options.leaveOut = o.value("leave_out", false);                   // absent in format 2
     std::vector<RankCaps> caps;
     for (const auto& c : j.at("caps")) caps.push_back({c.get<int64_t>()});
     Balancer b(options, caps);
@@ -541,6 +631,15 @@ Balancer Balancer::load(const std::string& state) {
     b.warnedUnknown_ = j.at("warned_unknown").get<bool>();
     b.lastGain_ = j.at("last_gain").get<double>();
     b.lastSureGain_ = j.at("last_sure_gain").get<double>();
+    if (format >= 3) {
+      b.leftOut_ = j.at("left_out").get<std::vector<bool>>();
+      if (b.leftOut_.size() != caps.size() || b.activeRanks() == 0)
+        throw ConfigError(str("balance: saved state leaves out ", j.at("left_out").dump(), " of ",
+                              caps.size(), " ranks"));
+      b.communication_ = j.at("communication").get<std::vector<double>>();
+      b.pendingCommunication_ = j.at("pending_communication").get<double>();
+      for (size_t i = 0; i < caps.size(); ++i) b.plan_.ranks[i].leftOut = b.leftOut_[i];
+    }
     return b;
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(str("balance: saved state is not valid: ", e.what()));

@@ -38,6 +38,17 @@
 //               kProbeCost. A rank one sample of which costs 50 steps is probed once in 7500.
 //   regret      (T(plan) - T(best split)) / T(plan) under the current models: how far the split
 //               in use is from the balancer's own ideal.
+//   left out    a rank that no share pays for (BalancerOptions::leaveOut): the best split without
+//               it, plus the communication the group still needs, is predicted faster than the best
+//               split with it, plus the communication it joins; where its step cost alone (its
+//               optimizer step on a slow device) is longer than the others' whole step, it always
+//               is. The communication is the measured part of the step no compute hides
+//               (observeCommunication); a group of one rank has none. Such a rank gets no samples,
+//               takes no step and joins no gradient collective from the next step on, for the
+//               rest of the run (a device that speeds up later is not taken back: restart the run
+//               to re-measure it); its model is no longer part of any split. The caller keeps its
+//               replica up to date where it is needed (train/trainer.cc). At most one rank leaves
+//               per decision, the one whose leaving gains most, and never the last one.
 //   profiling   the first profileSteps steps, run on the initial equal split to measure every rank.
 //   streak      consecutive steps that wanted a move or a probe.
 //
@@ -103,9 +114,12 @@ struct BalancerOptions {
   // Pull each rank's overhead toward its measured shape (throughput_model.h, "shape"); off, toward
   // 0, as before 2026-12-06 (kept to measure the difference).
   bool keepShape = true;
+  // Leave out a rank whose share cannot pay for what it costs (see "left out"): for training
+  // loops that can run without it (data parallelism); off, every rank keeps a share.
+  bool leaveOut = false;
 
   // Defaults overridden by HETRA_BALANCE_MODE, _THRESHOLD, _MIN_STEPS, _PERSIST_STEPS,
-  // _PROFILE_STEPS, _STEP_COSTS, _SHAPE.
+  // _PROFILE_STEPS, _STEP_COSTS, _SHAPE (leaveOut is the caller's: it says whether it can).
   static BalancerOptions fromParams(int64_t globalBatch);
 };
 
@@ -121,6 +135,7 @@ struct RankAssignment {
   double predictedSeconds = 0.0;  // step cost + compute time, by the current model (0: unknown)
   double overheadSeconds = 0.0;   // the model behind the prediction: a_i per micro-batch ...
   double perSampleSeconds = 0.0;  // ... and c_i per sample
+  bool leftOut = false;           // no samples, no step, no gradient collective (see "left out")
 };
 
 struct Plan {
@@ -129,8 +144,11 @@ struct Plan {
   int64_t version = 0;                // 0 for the initial plan, +1 on every change of the split
   std::string reason;  // why the split is what it is, e.g. "rebalance at step 103: ..."
 
-  // One line for logs: "v2 [b/m/k: 73/73/1 146/146/1 293/293/1] predicted 0.293s (reason)".
+  // One line for logs: "v2 [b/m/k: 73/73/1 146/146/1 293/293/1] predicted 0.293s (reason)"; a
+  // left-out rank reads "out".
   std::string summary() const;
+  // Whether each rank is left out.
+  std::vector<bool> leftOut() const;
 };
 
 class Balancer {
@@ -151,6 +169,10 @@ class Balancer {
   // micro-batches that every share pays alike, e.g. its optimizer step. Optional: a rank never
   // observed so has a step cost of 0.
   void observeStepCost(int rank, double seconds);
+  // The step's communication that no compute hid (e.g. the gradient collectives' tail after the
+  // last rank's backward), with the ranks not left out. Optional: without it leaving a rank out
+  // saves only its compute and step cost.
+  void observeCommunication(double seconds);
   // Call once all ranks' observations of `step` are in (steps increase). Returns true if the plan
   // changed; the new plan applies from the next step on.
   bool endStep(int64_t step);
@@ -191,18 +213,26 @@ class Balancer {
   bool withinCaps() const;
   std::vector<int64_t> firstShares() const;
   std::vector<int64_t> bestShares(const std::vector<CostModel>& costs) const;
+  // Each rank's fitted model; a left-out rank's is absent: no step cost, and no sample fits it.
   std::vector<CostModel> costs() const;
   Plan makePlan(const std::vector<int64_t>& shares) const;
   // The current split planned again with the current caps and models: its micro-batches and
   // predictions (not a change of the split: version and reason stay).
   void refreshPlan();
-  void adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason);
+  void adopt(const std::vector<int64_t>& shares, int64_t step, std::string reason,
+             int leaveOut = -1);
   std::vector<std::vector<CostModel>> drawCosts(int64_t step) const;
   struct Decision {
     std::vector<int64_t> shares;  // empty: keep the plan
     bool probe = false;
     std::string reason;  // " at step ...: predicted gain ..."
+    int leaveOut = -1;   // the rank the decision leaves out, or -1
   };
+  // The rank whose leaving out gains most, if that gain is sure (see "left out").
+  Decision leaveOutDecision(int64_t step, const std::vector<CostModel>& fitted) const;
+  // The measured communication of a group of `members` ranks (the last steps' median; 0 for one).
+  double communicationSeconds(int members) const;
+  int activeRanks() const;
   // What the dynamic policy would adopt at `step`; sets lastGain_ and lastSureGain_.
   Decision decide(int64_t step);
   // A probe of one sample on a rank that has had none for long enough (see "re-measure").
@@ -214,6 +244,9 @@ class Balancer {
   std::vector<ThroughputModel> models_;
   std::vector<std::vector<std::pair<int64_t, double>>> pending_;  // this step's observations
   std::vector<double> pendingStepCosts_;  // this step's step costs, -1 where none
+  std::vector<bool> leftOut_;             // see "left out"
+  std::vector<double> communication_;     // the last steps' observeCommunication, oldest first
+  double pendingCommunication_ = -1.0;    // this step's, -1 where none
   Plan plan_;
   int64_t stepsSeen_ = 0;
   int64_t lastStep_ = std::numeric_limits<int64_t>::min();

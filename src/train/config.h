@@ -92,6 +92,9 @@ struct BalanceConfig {
   int64_t minStepsBetween = 3;   // steps on a plan before the next change
   int64_t persistSteps = 2;      // dynamic: steps in a row the gain must persist
   int64_t profileSteps = 5;      // steps measured on the equal split before the first decision
+  // Leave out a device whose share cannot pay for its step cost and communication (data
+  // parallelism; balance/balancer.h, "left out").
+  bool leaveOut = true;
   bool operator==(const BalanceConfig&) const = default;
 };
 

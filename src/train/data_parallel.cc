@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <sstream>
+#include <string>
 
 #include "common/errors.h"
 #include "common/logging.h"
@@ -25,7 +27,10 @@ comm::OpPolicy withErrorFeedback(const comm::Communicator& comm, comm::OpPolicy 
 
 DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
                            std::shared_ptr<comm::Communicator> comm, DataParallelOptions options)
-    : model_(std::move(model)), comm_(std::move(comm)), errorFeedback_(options.errorFeedback) {
+    : model_(std::move(model)),
+      comm_(std::move(comm)),
+      group_(comm_),
+      errorFeedback_(options.errorFeedback) {
   gradientPolicy_.compression = options.compression;
   for (auto& p : model_->parameters())
     if (p.requires_grad()) {
@@ -118,8 +123,8 @@ void DataParallel::logGradientRoute() const {
       comm::OpKind::Allreduce, DType::F32, comm::ReduceOp::Sum, count * sizeof(float));
   HETRA_INFO("train", "gradients: ", buckets_.size(), " buckets, the largest of ", count,
              " floats on provider ",
-             comm_->providerFor(comm::OpKind::Allreduce, DType::F32, comm::ReduceOp::Sum, count,
-                                gradientPolicy_),
+             group_->providerFor(comm::OpKind::Allreduce, DType::F32, comm::ReduceOp::Sum, count,
+                                 gradientPolicy_),
              ", wire format ",
              codec ? comm::compressionName(gradientPolicy_.compression.compression()) : "float32");
 }
@@ -130,13 +135,13 @@ DataParallel::~DataParallel() {
 
 namespace {
 
-// Starts rank 0's broadcast of a model tensor (a parameter or a buffer) into `into`, its shape.
-comm::WorkPtr broadcastModelTensor(comm::Communicator& comm, torch::Tensor& into) {
+// Starts `root`'s broadcast of a model tensor (a parameter or a buffer) into `into`, its shape.
+comm::WorkPtr broadcastModelTensor(comm::Communicator& comm, torch::Tensor& into, int root = 0) {
   HETRA_ENFORCE(into.is_contiguous(), "parameters must be contiguous");
   if (into.scalar_type() == torch::kFloat32)
-    return comm.broadcast(into.data_ptr(), size_t(into.numel()), DType::F32, 0);
+    return comm.broadcast(into.data_ptr(), size_t(into.numel()), DType::F32, root);
   if (into.scalar_type() == torch::kInt64)
-    return comm.broadcast(into.data_ptr(), size_t(into.numel()), DType::I64, 0);
+    return comm.broadcast(into.data_ptr(), size_t(into.numel()), DType::I64, root);
   throw ConfigError(
       str("cannot broadcast a model tensor of type ", c10::toString(into.scalar_type())));
 }
@@ -157,23 +162,30 @@ void DataParallel::broadcastParameters() {
 }
 
 double DataParallel::resynchronize() {
-  return adoptRootValues(*comm_, modelTensors());
+  HETRA_ENFORCE(group_, "rank ", comm_->rank(), " is left out of the gradient group");
+  return adoptRootValues(*group_, modelTensors());
 }
 
-double adoptRootValues(comm::Communicator& comm, const std::vector<torch::Tensor>& tensors) {
+void DataParallel::setGradientGroup(std::shared_ptr<comm::Communicator> group) {
+  group_ = std::move(group);
+  if (group_) logGradientRoute();
+}
+
+double adoptRootValues(comm::Communicator& comm, const std::vector<torch::Tensor>& tensors,
+                       int root) {
   torch::NoGradGuard noGrad;
-  const bool root = comm.rank() == 0;
-  // The others receive rank 0's values in copies, to measure the drift before they replace their
-  // own.
+  const bool isRoot = comm.rank() == root;
+  // The others receive the root's values in copies, to measure the drift before they replace
+  // their own.
   std::vector<torch::Tensor> fromRoot;
   std::vector<comm::WorkPtr> works;
   for (const auto& t : tensors) {
-    fromRoot.push_back(root ? t : torch::empty_like(t));
-    works.push_back(broadcastModelTensor(comm, fromRoot.back()));
+    fromRoot.push_back(isRoot ? t : torch::empty_like(t));
+    works.push_back(broadcastModelTensor(comm, fromRoot.back(), root));
   }
   for (auto& w : works) w->wait();
   double drift = 0;
-  if (root) return drift;
+  if (isRoot) return drift;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].numel() > 0)
       drift = std::max(drift, (fromRoot[i].to(torch::kFloat64) - tensors[i].to(torch::kFloat64))
@@ -185,11 +197,33 @@ double adoptRootValues(comm::Communicator& comm, const std::vector<torch::Tensor
   return drift;
 }
 
+void adoptRootOptimizerState(comm::Communicator& comm, torch::optim::Optimizer& optimizer,
+                             int root) {
+  std::string bytes;
+  if (comm.rank() == root) {
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    bytes = out.str();
+  }
+  int64_t size = int64_t(bytes.size());
+  comm.broadcast(&size, 1, DType::I64, root)->wait();
+  bytes.resize(size_t(size));
+  comm.broadcast(bytes.data(), bytes.size(), DType::U8, root)->wait();
+  if (comm.rank() == root) return;
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in);
+  optimizer.load(archive);
+}
+
 void DataParallel::clearGradients() {
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
 }
 
 void DataParallel::armLastBackward() {
+  HETRA_ENFORCE(group_, "rank ", comm_->rank(), " is left out of the gradient group");
   for (auto& s : slots_) s.ready = false;
   for (auto& b : buckets_) {
     b.pending = b.params.size();
@@ -226,15 +260,21 @@ void DataParallel::launchReady() {
     // A bucket leaves when an emulated slow device would have made its gradients: the work of the
     // backward so far is stretched first (docs/benchmarks.md, "every compute segment"), so that
     // its allreduce cannot overlap what would still be computing.
+    // A group of one (a single device, or the others left out) holds the sum already: nothing to
+    // send, nothing lost to a codec.
+    if (group_->size() == 1) {
+      ++nextLaunch_;
+      continue;
+    }
     if (armed_) device::settleOpenSegment();
     Bucket& b = buckets_[nextLaunch_++];
     torch::Tensor data = b.direct ? params_[b.params.front()].mutable_grad() : b.flat;
     const size_t count = size_t(data.numel());
     const comm::OpPolicy policy =
-        errorFeedback_ ? withErrorFeedback(*comm_, gradientPolicy_, count, b.residual)
+        errorFeedback_ ? withErrorFeedback(*group_, gradientPolicy_, count, b.residual)
                        : gradientPolicy_;
-    b.work = comm_->allreduce(data.data_ptr(), data.data_ptr(), count, DType::F32,
-                              comm::ReduceOp::Sum, policy);
+    b.work = group_->allreduce(data.data_ptr(), data.data_ptr(), count, DType::F32,
+                               comm::ReduceOp::Sum, policy);
   }
 }
 
@@ -302,7 +342,8 @@ double DataParallel::finish(int64_t globalBatch) {
   }
   HETRA_ENFORCE_EQ(nextLaunch_, buckets_.size(), "every bucket must be launched");
   const auto start = Clock::now();
-  for (auto& b : buckets_) b.work->wait();
+  for (auto& b : buckets_)
+    if (b.work) b.work->wait();
   const double waited = secondsSince(start);
   const double scale = 1.0 / double(globalBatch);
   for (size_t k = 0; k < params_.size(); ++k) {

@@ -49,10 +49,16 @@ struct DataParallelOptions {
 comm::OpPolicy withErrorFeedback(const comm::Communicator& comm, comm::OpPolicy policy,
                                  size_t count, torch::Tensor& residual);
 
-// Rank 0's values of `tensors` (alike in shape on every rank: a model's parameters and buffers,
-// float32 or int64) replace every rank's; returns how far this rank's had drifted from them, the
-// largest absolute difference of any element (0 on rank 0). Collective over `comm`.
-double adoptRootValues(comm::Communicator& comm, const std::vector<torch::Tensor>& tensors);
+// Rank `root`'s values of `tensors` (alike in shape on every rank: a model's parameters and
+// buffers, float32 or int64) replace every rank's; returns how far this rank's had drifted from
+// them, the largest absolute difference of any element (0 on the root). Collective over `comm`.
+double adoptRootValues(comm::Communicator& comm, const std::vector<torch::Tensor>& tensors,
+                       int root = 0);
+
+// Rank `root`'s optimizer state (its moments and step counts, as a checkpoint holds them) replaces
+// every rank's; the optimizers are alike over parameters alike in shape. Collective over `comm`.
+void adoptRootOptimizerState(comm::Communicator& comm, torch::optim::Optimizer& optimizer,
+                             int root);
 
 class DataParallel {
  public:
@@ -62,8 +68,15 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  // Makes every rank's parameters and buffers equal to rank 0's.
+  // Makes every rank's parameters and buffers equal to rank 0's (of the communicator the
+  // constructor took, whatever the gradient group).
   void broadcastParameters();
+
+  // The ranks the gradients are all-reduced over from now on (and re-synchronised over), a group
+  // split from the constructor's communicator; nullptr for a rank that is left out of it
+  // (balance/balancer.h, "left out"), which then calls none of the step's functions.
+  void setGradientGroup(std::shared_ptr<comm::Communicator> group);
+  const std::shared_ptr<comm::Communicator>& gradientGroup() const { return group_; }
 
   // broadcastParameters() that first measures how far this rank's replica had drifted from rank
   // 0's (adoptRootValues). Replicas on devices whose float arithmetic differs (a GPU's fused
@@ -116,7 +129,8 @@ class DataParallel {
   void launchReady();
 
   std::shared_ptr<torch::nn::Module> model_;
-  std::shared_ptr<comm::Communicator> comm_;
+  std::shared_ptr<comm::Communicator> comm_;   // every rank of the model's replicas
+  std::shared_ptr<comm::Communicator> group_;  // the gradients' (comm_ unless ranks are left out)
   std::vector<torch::Tensor> params_;
   // Held so that every backward reuses the accumulator nodes that carry our post-hooks.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;

@@ -198,6 +198,11 @@ void Report::printDeviceTable(const StepRecord& record) {
   for (const RankStep& rank : record.ranks) {
     const double compute = rank.computeSeconds;
     const std::string peak = rank.peakBytes < 0 ? "-" : device::readableBytes(rank.peakBytes);
+    if (rank.leftOut) {  // no share pays for it (balance/balancer.h, "left out")
+      std::printf("  %-10s %7s %12s %12s %10s %10s %11s  left out by the balancer\n",
+                  rank.device.c_str(), "out", "-", "-", "-", "-", peak.c_str());
+      continue;
+    }
     std::printf("  %-10s %6.1f%% %5lld x %-4lld %12.0f %10.4f %10.4f %11s\n", rank.device.c_str(),
                 100.0 * double(rank.batch) / double(options_.globalBatch),
                 (long long)rank.microBatch, (long long)rank.accumSteps,

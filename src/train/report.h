@@ -48,6 +48,7 @@ struct RankStep {
   // category's peak; -1 where unknown (ranks that are threads of one process).
   int64_t peakBytes = -1;
   std::array<int64_t, device::kMemoryCategories> memory{};
+  bool leftOut = false;  // the balancer left the device out (balance/balancer.h, "left out")
 };
 
 struct StepRecord {

@@ -56,6 +56,10 @@ balance::BalancerOptions balancerOptionsOf(const RunConfig& config) {
   o.profileSteps = int(config.balance.profileSteps);
   // ZeRO-2/3 ranks that accumulate hold the whole gradient, which the shard plan does not reserve.
   o.sharesWithinCaps = config.zero.stage >= 2;
+  // Only plain synchronous data parallelism runs without a rank: ZeRO's shards and periodic
+  // averaging's rounds need every rank.
+  o.leaveOut = config.balance.leaveOut && config.zero.stage == 0 && config.train.syncEvery == 1 &&
+               config.parallel.pipeline == 1 && config.parallel.tensor == 1;
   return o;
 }
 

@@ -7,6 +7,7 @@
 
 #include "balance/balancer.h"
 #include "common/errors.h"
+#include "common/logging.h"
 #include "common/timeline.h"
 #include "device/compute_scope.h"
 #include "device/memory_accounting.h"
@@ -142,6 +143,7 @@ class Run {
     }();
     startStep_ = resumed.step;
     if (resumed.dir.empty() && !zero_) parallel_->broadcastParameters();
+    followLeftOut();  // a resumed balancer may have left ranks out
     ReportOptions reportOptions;
     reportOptions.enabled = device_.rank == 0 && options.report;
     reportOptions.metricsPath = options.metricsPath;
@@ -187,14 +189,15 @@ class Run {
       if (config_.train.evalEvery > 0 && ((step + 1) % config_.train.evalEvery == 0) && !last)
         evaluateAt(step + 1, result);
       if (config_.train.checkpointEvery > 0 && (step + 1) % config_.train.checkpointEvery == 0) {
-        drain();  // the saved balancer has seen every step before the checkpoint
+        drain();           // the saved balancer has seen every step before the checkpoint
+        catchUpLeftOut();  // rank 0 saves the model and its optimizer's state
         timeline::Span span(timeline::Lane::Compute, "checkpoint", "checkpoint");
         checkpoints_->save(step + 1);
       }
     }
     drain();
     result.lastLoss = lastLoss_;
-    evaluateAt(totalSteps_, result);
+    evaluateAt(totalSteps_, result);  // brings left-out ranks up to date: every replica ends alike
     result.steps = totalSteps_;
     result.wallSeconds = secondsSince(start);
     result.samplesPerSecond = measuredSeconds > 0
@@ -281,6 +284,16 @@ class Run {
     // 1. This rank's slice of the step's global batch, as the balancer's plan splits it.
     const balance::Plan plan = balancer_->plan();
     const auto& mine = plan.ranks[size_t(device_.rank)];
+    if (mine.leftOut) {
+      // No samples, no step, no gradients (balance/balancer.h, "left out"): the rank only keeps
+      // pace through the timings' all-gather, which every rank joins.
+      std::vector<double> report(kStatFields, 0.0);
+      report[kStepCostSeconds] = -1.0;
+      const double seconds = secondsSince(stepStart);
+      shareTimings(step, plan, std::move(report));
+      pending_->seconds = seconds;
+      return seconds;
+    }
     // A local step of periodic averaging (train/periodic_sync.h) takes the same share but
     // all-reduces nothing; its timings reach the balancer with the round's.
     const bool local = periodic_ && periodic_->localAt(step);
@@ -541,6 +554,7 @@ class Run {
                               share.accumSteps, row[kComputeSeconds], row[kCommSeconds],
                               int64_t(row[kBytesSent]), int64_t(row[kBytesReceived]),
                               int64_t(row[kPeakBytes])});
+      record.ranks.back().leftOut = share.leftOut;
       for (size_t c = 0; c < device::kMemoryCategories; ++c)
         record.ranks.back().memory[c] = int64_t(row[kMemoryFirst + c]);
       // The micro-batch bound follows what the rank measured (the same rows on every rank), from
@@ -556,6 +570,16 @@ class Run {
           int64_t(row[kUpdateElements]) == zero_->layout().shard(r).size())
         follower_->observe(r, int64_t(row[kUpdateElements]), row[kUpdateSeconds]);
     }
+    // The communication no rank's compute hid: what the last rank out of backward still waited
+    // (balance/balancer.h, "left out").
+    const std::vector<bool> out = gather.plan.leftOut();
+    if (!zero_ && std::count(out.begin(), out.end(), false) > 1) {
+      double unhidden = std::numeric_limits<double>::infinity();
+      for (int r = 0; r < comm_->size(); ++r)
+        if (!out[size_t(r)])
+          unhidden = std::min(unhidden, gather.all[size_t(r) * kStatFields + kCommSeconds]);
+      balancer_->observeCommunication(unhidden);
+    }
     if (resynchronizesAt(gather.step)) {
       record.replicaDrift = 0;
       for (int r = 0; r < comm_->size(); ++r)
@@ -568,6 +592,7 @@ class Run {
     record.regret = balancer_->regret();
     report_->step(record);
     if (changed) {
+      followLeftOut();
       report_->balanceChange(record.step, balancer_->plan());
       if (timeline::active())
         timeline::instant(timeline::Lane::Balance, "balance", "new split",
@@ -589,8 +614,42 @@ class Run {
     report_->shardsMoved(step, *next);
   }
 
+  // The gradient group follows the plan's left-out ranks: every rank splits the world alike, at
+  // the same drain, when the balancer leaves a rank out (balance/balancer.h, "left out").
+  void followLeftOut() {
+    const std::vector<bool> out = balancer_->plan().leftOut();
+    if (!parallel_ || out == groupLeftOut_) return;
+    if (groupLeftOut_.empty() && std::count(out.begin(), out.end(), true) == 0) {
+      groupLeftOut_ = out;  // the world itself
+      return;
+    }
+    groupLeftOut_ = out;
+    comm::GroupOptions group;
+    group.timeout = Millis(int64_t(config_.comm.timeoutS * 1000));
+    const bool mine = out[size_t(device_.rank)];
+    parallel_->setGradientGroup(comm_->split(mine ? -1 : 0, device_.rank, group));
+    if (mine)  // its replica is brought up to date where one is needed (catchUpLeftOut)
+      HETRA_INFO("train", "rank ", device_.rank, " (", device_.config.name,
+                 ") is left out: it idles until the run ends");
+  }
+
+  // A left-out rank's replica stopped at the step it left: the first rank still in the gradient
+  // group hands it its parameters, buffers and optimizer state, so that evaluation, checkpoints
+  // and the end of the run see the same model on every rank. Collective over the world.
+  void catchUpLeftOut() {
+    const auto first = std::find(groupLeftOut_.begin(), groupLeftOut_.end(), false);
+    if (!parallel_ || std::count(groupLeftOut_.begin(), groupLeftOut_.end(), true) == 0) return;
+    const int root = int(first - groupLeftOut_.begin());
+    timeline::Span span(timeline::Lane::Compute, "comm", "bring left-out ranks up to date");
+    std::vector<torch::Tensor> tensors = model_->parameters();
+    for (auto& b : model_->buffers()) tensors.push_back(b);
+    adoptRootValues(*comm_, tensors, root);
+    adoptRootOptimizerState(*comm_, *optimizer_, root);
+  }
+
   void evaluateAt(int64_t step, TrainResult& result) {
     drain();  // the split of the test set follows the plan, which must be the same on every rank
+    catchUpLeftOut();
     timeline::Span span(timeline::Lane::Compute, "eval", "evaluate");
     device::MemoryScope activations(device::MemoryCategory::kActivations);
     const Evaluation e =
@@ -650,7 +709,8 @@ class Run {
   std::optional<Report> report_;
   int64_t totalSteps_ = 0;
   int64_t startStep_ = 0;
-  int64_t resyncEvery_ = 0;  // train.resync_every resolved (resyncEveryOf)
+  int64_t resyncEvery_ = 0;         // train.resync_every resolved (resyncEveryOf)
+  std::vector<bool> groupLeftOut_;  // the ranks the gradient group leaves out (followLeftOut)
   double lastLoss_ = 0;
   uint64_t bytesSentBefore_ = 0, bytesReceivedBefore_ = 0;  // transport counters at the last step
   std::optional<PendingGather> pending_;

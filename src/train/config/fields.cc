@@ -173,6 +173,8 @@ const Fields<BalanceConfig>& balanceFields() {
       intField("min_steps_between", &B::minStepsBetween, atLeast(0), "steps between changes"),
       intField("persist_steps", &B::persistSteps, atLeast(1), "dynamic: steps a gain must persist"),
       intField("profile_steps", &B::profileSteps, atLeast(1), "steps on the equal split first"),
+      boolField("leave_out", &B::leaveOut,
+                "leave out a device no share pays for (data parallelism, synchronous)"),
   };
   return fields;
 }
