@@ -148,6 +148,36 @@ TEST(Cli, RunTrainsTheTinyConfigAndWritesMetrics) {
   fs::remove_all(dir);
 }
 
+// Three real processes, the middle one 300 times slower (its optimizer step alone outlasts the
+// others' step): the balancer leaves it out and says why, the device table marks it, and the other
+// two train every sample of each step from then on.
+TEST(Cli, RunLeavesOutADeviceNoSharePaysForAndSaysSo) {
+  const auto dir = tempDir("left-out");
+  const auto metrics = dir / "metrics.jsonl";
+  const auto r = run(kHetra + " run " + std::string(HETRA_SOURCE_DIR) +
+                     "/examples/tiny_synthetic.toml --set train.steps=12 --set 'devices=["
+                     "{name=\"fast\"}, {name=\"crawl\", slowdown=300}, {name=\"also-fast\"}]' "
+                     "--metrics " +
+                     metrics.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 left out: no share pays for it"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("crawl +out .*left out by the balancer")))
+      << r.output;
+  std::ifstream in(metrics);
+  int64_t lastBatch = -1;
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "step") continue;
+    lastBatch = record["ranks"][1]["batch"].get<int64_t>();
+    EXPECT_EQ(record["ranks"][0]["batch"].get<int64_t>() + lastBatch +
+                  record["ranks"][2]["batch"].get<int64_t>(),
+              record["samples"].get<int64_t>())
+        << line;
+  }
+  EXPECT_EQ(lastBatch, 0);
+  fs::remove_all(dir);
+}
+
 TEST(Cli, RunRefusesBadConfigsBeforeStarting) {
   const std::string config = std::string(HETRA_SOURCE_DIR) + "/examples/tiny_synthetic.toml";
   struct Case {
