@@ -453,6 +453,12 @@ TEST(Trainer, ADeviceNoSharePaysForIsLeftOutAndTheRunStaysTheOneDevicesRun) {
   trainAll(checkpointed(10), dir / "part.jsonl", "", keepModels);
   const auto resumed = trainAll(checkpointed(20), dir / "resumed.jsonl", part.string(), keepModels);
   expectSameLosses(resumed, std::vector<double>(single.begin() + 10, single.end()), 10, 1e-4);
+  // ZeRO needs every rank: resumed under stage 1 the balancer starts again from the equal split
+  // (rank 0 has samples again) and the run still follows the one device.
+  const auto zero = trainAll(tinyConfig({"train.steps=20", three, "zero.stage=1"}),
+                             dir / "zero.jsonl", (part / "step-10").string(), keepModels);
+  expectSameLosses(zero, std::vector<double>(single.begin() + 10, single.end()), 10, 1e-4);
+  EXPECT_GT(stepRecords(dir / "zero.jsonl").front()["ranks"][0]["batch"].get<int64_t>(), 0);
   fs::remove_all(dir);
 }
 

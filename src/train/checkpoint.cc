@@ -480,16 +480,19 @@ RunCheckpoints::Resumed RunCheckpoints::start(const std::string& resumePath) {
   // caps, train/global_batch.h): the saved split does not cover this run's batch.
   const int64_t savedBatch = saved.options().globalBatch;
   const int64_t batch = parts_.balancer.options().globalBatch;
+  // A balancer that may leave ranks out, for a loop that needs every rank, or the reverse, splits
+  // by another rule too (balance/balancer.h, "left out").
   const bool sameRule =
-      saved.options().sharesWithinCaps == parts_.balancer.options().sharesWithinCaps;
+      saved.options().sharesWithinCaps == parts_.balancer.options().sharesWithinCaps &&
+      saved.options().leaveOut == parts_.balancer.options().leaveOut;
   if (sameDevices) {
     if (savedBatch == batch && sameRule)
       parts_.balancer = std::move(saved);
     else if (savedBatch == batch && comm_.rank() == 0)
       HETRA_INFO("train", "checkpoint ", dir.string(),
-                 " was written under a ZeRO stage that splits the batch by another rule (shares "
-                 "within the micro-batch caps or not): the balancer re-profiles from an equal "
-                 "split");
+                 " was written under a rule that splits the batch otherwise (shares within the "
+                 "micro-batch caps or not, devices left out or not: ZeRO stages, "
+                 "balance.leave_out): the balancer re-profiles from an equal split");
     else if (comm_.rank() == 0)
       HETRA_WARN("train", "checkpoint ", dir.string(), " was written with a global batch of ",
                  savedBatch, ", this run's is ", batch,
