@@ -97,16 +97,22 @@ TEST(BalancerLeaveOut, ADeviceWhoseStepCostOutlastsTheOthersWholeStepIsLeftOut) 
   const int64_t total = 512;
   Simulation sim(kFastAndCrawling, 0.5e-3, 1);
   Balancer b(leaving(total), std::vector<RankCaps>(2));
-  for (int64_t step = 0; step < 40; ++step) sim.step(b, step);
+  int64_t leftAt = -1;
+  for (int64_t step = 0; step < 40; ++step) {
+    sim.step(b, step);
+    if (leftAt < 0 && b.plan().ranks[1].leftOut) leftAt = step;
+  }
   const Plan& p = b.plan();
   ASSERT_TRUE(p.ranks[1].leftOut) << p.summary();
+  // Not at the profiling decision (the end of step 4), which splits with every rank; once the same
+  // rank was the one to leave for persistSteps decisions and the split held minStepsBetweenChanges.
+  EXPECT_GT(leftAt, 4);
+  EXPECT_LE(leftAt, 4 + 6);
   EXPECT_FALSE(p.ranks[0].leftOut);
   EXPECT_EQ(sharesOf(p), (std::vector<int64_t>{512, 0}));
   EXPECT_EQ(p.leftOut(), (std::vector<bool>{false, true}));
   EXPECT_NE(p.summary().find(" out]"), std::string::npos) << p.summary();
-  // The reason says so; the first decision after the profiling steps made it.
   EXPECT_NE(p.reason.find("rank 1 left out"), std::string::npos) << p.reason;
-  EXPECT_EQ(p.version, 1) << p.reason;
   // The fast device alone beats the best split with both, by the devices' true costs.
   const double alone = trueStep(kFastAndCrawling, {512, 0}, {false, true}, 0.5e-3);
   EXPECT_LT(alone, bestWithBoth(kFastAndCrawling, total, 0.5e-3));
@@ -164,8 +170,7 @@ TEST(BalancerLeaveOut, TheCommunicationAPairPaysCanOutweighWhatTheSlowerDeviceAd
 }
 
 // Of three devices the crawling one leaves and the two others share the batch by their speeds;
-// the rank left out is never given a sample again (no re-measuring probe), and the last rank
-// never leaves, however slow the others make it look.
+// the rank left out is never given a sample again (no re-measuring probe).
 TEST(BalancerLeaveOut, TheOthersShareTheBatchAndTheLeftOutRankGetsNoProbe) {
   const std::vector<Device> devices = {{600e-6, 18e-3}, {40e-6, 1.2e-3}, {20e-6, 0.6e-3}};
   const int64_t total = 512;
@@ -173,7 +178,7 @@ TEST(BalancerLeaveOut, TheOthersShareTheBatchAndTheLeftOutRankGetsNoProbe) {
   Balancer b(leaving(total), std::vector<RankCaps>(3));
   for (int64_t step = 0; step < 3000; ++step) {
     sim.step(b, step);
-    if (step >= 40) {
+    if (step >= 20) {
       ASSERT_TRUE(b.plan().ranks[0].leftOut) << "step " << step << ": " << b.plan().summary();
       ASSERT_EQ(b.plan().ranks[0].batch, 0) << "step " << step << ": " << b.plan().summary();
     }
@@ -185,13 +190,6 @@ TEST(BalancerLeaveOut, TheOthersShareTheBatchAndTheLeftOutRankGetsNoProbe) {
   for (int64_t b1 = 0; b1 <= total; ++b1)
     best = std::min(best, trueStep(devices, {0, b1, total - b1}, {true, false, false}, 0.3e-3));
   EXPECT_LE(trueStep(devices, sharesOf(p), p.leftOut(), 0.3e-3), 1.02 * best) << p.summary();
-
-  const std::vector<Device> crawling = {{600e-6, 18e-3}};
-  Simulation lone(crawling, 0.0, 5);
-  Balancer single(leaving(total), std::vector<RankCaps>(1));
-  for (int64_t step = 0; step < 20; ++step) lone.step(single, step);
-  EXPECT_FALSE(single.plan().ranks[0].leftOut);
-  EXPECT_EQ(single.plan().ranks[0].batch, total);
 }
 
 // A saved balancer (checkpoints) keeps its left-out ranks and its measured communication: the
@@ -212,13 +210,23 @@ TEST(BalancerLeaveOut, SaveAndLoadKeepTheLeftOutRanks) {
   }
   EXPECT_EQ(loaded.save(), b.save());
 
-  Balancer fresh(leaving(512), std::vector<RankCaps>(2));
-  std::string old = fresh.save();
+  // Format 2 had no left-out ranks: what it says of them is not read.
+  std::string old = b.save();
   old.replace(old.find("\"format\":3"), 10, "\"format\":2");
   EXPECT_EQ(Balancer::load(old).plan().leftOut(), (std::vector<bool>{false, false}));
+  // Every rank out, or a left-out rank with samples, is not a state the balancer makes.
   std::string bad = b.save();
   bad.replace(bad.find("\"left_out\":[false,true]"), 23, "\"left_out\":[true,true]");
   EXPECT_THROW(Balancer::load(bad), ConfigError);
+  std::string busy = b.save();
+  busy.replace(busy.find("\"left_out\":[false,true]"), 23, "\"left_out\":[true,false]");
+  EXPECT_THROW(Balancer::load(busy), ConfigError);
+}
+
+TEST(BalancerLeaveOut, NotWithSharesWithinCaps) {
+  BalancerOptions o = leaving(64);
+  o.sharesWithinCaps = true;
+  EXPECT_THROW(Balancer(o, std::vector<RankCaps>(2)), ConfigError);
 }
 
 TEST(BalancerLeaveOut, CommunicationMustBeAFiniteNonNegativeTime) {

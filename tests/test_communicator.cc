@@ -146,6 +146,34 @@ TEST_P(CommunicatorTest, SplitFormsIndependentGroups) {
   });
 }
 
+// Islands given for every rank of the group (two hosts: ranks 0-1 and 2-4) are kept for the
+// members of a split (ranks 4, 2 and 0, in that order): one rank of the first host, two of the
+// second; the split's group reduces over them.
+TEST_P(CommunicatorTest, SplitKeepsTheMembersIslands) {
+  auto store = std::make_shared<store::MemoryStore>();
+  constexpr int kSize = 5;
+  runRanks(kSize, [&](int rank) {
+    GroupOptions options = optionsFor(GetParam());
+    options.islands = {7, 7, 3, 3, 3};
+    auto world = Communicator::create(store, rank, kSize, options);
+    EXPECT_EQ(world->groupOptions().islands, options.islands);
+    auto group = world->split(rank % 2 ? -1 : 0, -rank, world->groupOptions());
+    if (rank % 2) {
+      EXPECT_EQ(group, nullptr);
+      return;
+    }
+    ASSERT_NE(group, nullptr);
+    EXPECT_EQ(group->groupOptions().islands, (std::vector<int>{3, 3, 7}));
+    EXPECT_EQ(group->groupOptions().transport, options.transport);
+    std::vector<double> values(1001);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = rank * 1000.0 + double(i);
+    group->allreduce(values.data(), values.data(), values.size(), DType::F64, ReduceOp::Sum)
+        ->wait();
+    for (size_t i = 0; i < values.size(); ++i)
+      ASSERT_EQ(values[i], 6000.0 + 3.0 * double(i)) << "element " << i;
+  });
+}
+
 TEST_P(CommunicatorTest, SendAndReceiveBetweenPairs) {
   auto store = std::make_shared<store::MemoryStore>();
   constexpr int kSize = 4;

@@ -485,6 +485,7 @@ class RecordingGroup : public comm::Communicator {
   int size() const override { return inner_->size(); }
   const char* transportName() const override { return inner_->transportName(); }
   comm::Transport& transport() override { return inner_->transport(); }
+  const comm::GroupOptions& groupOptions() const override { return inner_->groupOptions(); }
   std::shared_ptr<comm::Communicator> split(int color, int key,
                                             const comm::GroupOptions& options) override {
     return inner_->split(color, key, options);

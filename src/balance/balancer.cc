@@ -80,6 +80,10 @@ void validate(const BalancerOptions& o, const std::vector<RankCaps>& caps) {
   if (o.persistSteps < 1)
     throw ConfigError(str("balance: persistSteps (HETRA_BALANCE_PERSIST_STEPS)=", o.persistSteps,
                           " is not allowed; it must be >= 1"));
+  if (o.leaveOut && o.sharesWithinCaps)
+    throw ConfigError(
+        "balance: leaveOut and sharesWithinCaps together are not supported (the loops that keep "
+        "shares within the caps, ZeRO stages 2 and 3, need every rank)");
   if (o.profileSteps < 1)
     throw ConfigError(str("balance: profileSteps (HETRA_BALANCE_PROFILE_STEPS)=", o.profileSteps,
                           " is not allowed; it must be >= 1"));
@@ -416,7 +420,14 @@ Balancer::Decision Balancer::decide(int64_t step) {
   std::vector<int64_t> planShares;
   for (const auto& r : plan_.ranks) planShares.push_back(r.batch);
   const std::vector<CostModel> fitted = costs();
-  if (Decision out = leaveOutDecision(step, fitted); out.leaveOut >= 0) return out;
+  Decision out = leaveOutDecision(step, fitted);
+  leaveOutStreak_ = out.leaveOut < 0 ? 0 : out.leaveOut == leaveOutRank_ ? leaveOutStreak_ + 1 : 1;
+  leaveOutRank_ = out.leaveOut;
+  if (profiled_ && leaveOutStreak_ >= options_.persistSteps) {
+    lastGain_ = out.gain;
+    lastSureGain_ = 0.0;
+    return out;
+  }
   const std::vector<int64_t> candidate = bestShares(fitted);
   const double current = plan_.predictedStepSeconds;
   lastGain_ = current > 0.0 ? 1.0 - stepSeconds(fitted, caps_, candidate) / current : 0.0;
@@ -526,6 +537,7 @@ Balancer::Decision Balancer::leaveOutDecision(int64_t step,
     bestWithout = seconds;
     best.shares = shares;
     best.leaveOut = int(i);
+    best.gain = 1.0 - seconds / with;
     best.reason =
         str(" at step ", step, ": rank ", i, " left out: no share pays for it (its step cost ",
             fitted[i].perStep, "s, ", fitted[i].perSample, "s per sample; communication ",
@@ -570,6 +582,7 @@ std::string Balancer::save() const {
   j["last_gain"] = lastGain_;
   j["last_sure_gain"] = lastSureGain_;
   j["left_out"] = leftOut_;
+  j["leave_out_streak"] = {leaveOutRank_, leaveOutStreak_};
   j["communication"] = communication_;
   j["pending_communication"] = pendingCommunication_;
   return j.dump();
@@ -638,7 +651,14 @@ Balancer Balancer::load(const std::string& state) {
                               caps.size(), " ranks"));
       b.communication_ = j.at("communication").get<std::vector<double>>();
       b.pendingCommunication_ = j.at("pending_communication").get<double>();
-      for (size_t i = 0; i < caps.size(); ++i) b.plan_.ranks[i].leftOut = b.leftOut_[i];
+      b.leaveOutRank_ = j.at("leave_out_streak").at(0).get<int>();
+      b.leaveOutStreak_ = j.at("leave_out_streak").at(1).get<int>();
+      for (size_t i = 0; i < caps.size(); ++i) {
+        b.plan_.ranks[i].leftOut = b.leftOut_[i];
+        if (b.leftOut_[i] && b.plan_.ranks[i].batch != 0)
+          throw ConfigError(str("balance: saved plan gives left-out rank ", i, " ",
+                                b.plan_.ranks[i].batch, " samples"));
+      }
     }
     return b;
   } catch (const nlohmann::json::exception& e) {

@@ -48,7 +48,9 @@
 //               rest of the run (a device that speeds up later is not taken back: restart the run
 //               to re-measure it); its model is no longer part of any split. The caller keeps its
 //               replica up to date where it is needed (train/trainer.cc). At most one rank leaves
-//               per decision, the one whose leaving gains most, and never the last one.
+//               per decision, the one whose leaving gains most, and never the last one; never at
+//               the profiling decision (which splits the batch with every rank first), and only
+//               once the same rank was the one to leave persistSteps decisions in a row.
 //   profiling   the first profileSteps steps, run on the initial equal split to measure every rank.
 //   streak      consecutive steps that wanted a move or a probe.
 //
@@ -227,6 +229,7 @@ class Balancer {
     bool probe = false;
     std::string reason;  // " at step ...: predicted gain ..."
     int leaveOut = -1;   // the rank the decision leaves out, or -1
+    double gain = 0.0;   // leaving out: its predicted gain
   };
   // The rank whose leaving out gains most, if that gain is sure (see "left out").
   Decision leaveOutDecision(int64_t step, const std::vector<CostModel>& fitted) const;
@@ -252,6 +255,8 @@ class Balancer {
   int64_t lastStep_ = std::numeric_limits<int64_t>::min();
   int64_t changeStep_ = std::numeric_limits<int64_t>::min();
   int streak_ = 0;
+  int leaveOutRank_ = -1;   // the rank the last decisions would leave out, -1 for none
+  int leaveOutStreak_ = 0;  // decisions in a row that would leave leaveOutRank_ out
   bool profiled_ = false;
   bool warnedUnknown_ = false;
   double lastGain_ = 0.0;

@@ -113,6 +113,7 @@ class CommunicatorImpl : public Communicator,
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  const GroupOptions& groupOptions() const override { return options_; }
   const char* transportName() const override { return transport_->name(); }
   Transport& transport() override { return *transport_; }
 
@@ -134,8 +135,14 @@ class CommunicatorImpl : public Communicator,
     std::sort(members.begin(), members.end());
     int newRank = 0;
     while (members[newRank].second != rank_) ++newRank;
+    GroupOptions subOptions = options;
+    if (int(options.islands.size()) == size_) {  // one island per rank of this group
+      subOptions.islands.clear();
+      for (const auto& member : members)
+        subOptions.islands.push_back(options.islands[member.second]);
+    }
     auto subStore = std::make_shared<store::PrefixStore>(str(base, "/c", color), store_);
-    return std::make_shared<CommunicatorImpl>(subStore, newRank, int(members.size()), options);
+    return std::make_shared<CommunicatorImpl>(subStore, newRank, int(members.size()), subOptions);
   }
 
   WorkPtr allreduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,

@@ -72,8 +72,12 @@ class Communicator {
   virtual const char* transportName() const = 0;
   virtual Transport& transport() = 0;
 
+  // The options the group was created with.
+  virtual const GroupOptions& groupOptions() const = 0;
+
   // Splits the group: ranks with the same color form a new group, ordered by (key, old rank). Every
   // rank of this group must call it. A negative color returns nullptr (the rank joins no group).
+  // Islands given for every rank of this group (groupOptions()'s) are kept for the members.
   virtual std::shared_ptr<Communicator> split(int color, int key, const GroupOptions& options) = 0;
 
   // Each collective runs on the provider the table chooses for it (providers/registry.h). `policy`

@@ -93,6 +93,9 @@ TrainResult trainTensorParallel(const RunConfig& config, std::shared_ptr<comm::C
   // rank's of every replica.
   RunConfig inner = config;
   inner.parallel.tensor = 1;
+  // Each tensor rank runs a balancer of its own, fed alike; leaving a replica out would need every
+  // rank of it to leave its group at once (balance/balancer.h, "left out"): not done.
+  inner.balance.leaveOut = false;
   inner.devices.clear();
   for (int j = 0; j < replicas; ++j)
     inner.devices.push_back(config.devices[size_t(j * t + tensorRank)]);

@@ -287,6 +287,8 @@ class Run {
     if (mine.leftOut) {
       // No samples, no step, no gradients (balance/balancer.h, "left out"): the rank only keeps
       // pace through the timings' all-gather, which every rank joins.
+      // Its step lasts until the others' previous one is in: the pace it reports as rank 0.
+      drain();
       std::vector<double> report(kStatFields, 0.0);
       report[kStepCostSeconds] = -1.0;
       const double seconds = secondsSince(stepStart);
@@ -511,7 +513,9 @@ class Run {
   // next step (or at the next drain()): waiting for it at once would add a synchronisation of all
   // ranks, and with it every rank's optimizer step on the critical path, to every step.
   void shareTimings(int64_t step, const balance::Plan& plan, std::vector<double> report) {
-    const uint64_t sent = comm_->bytesSent(), received = comm_->bytesReceived();
+    const comm::Communicator* group = gradientGroupApart();
+    const uint64_t sent = comm_->bytesSent() + (group ? group->bytesSent() : 0);
+    const uint64_t received = comm_->bytesReceived() + (group ? group->bytesReceived() : 0);
     report[kBytesSent] = double(sent - bytesSentBefore_);
     report[kBytesReceived] = double(received - bytesReceivedBefore_);
     reportMemory(device_.memory, report.data() + kPeakBytes, report.data() + kMemoryFirst);
@@ -624,13 +628,25 @@ class Run {
       return;
     }
     groupLeftOut_ = out;
-    comm::GroupOptions group;
-    group.timeout = Millis(int64_t(config_.comm.timeoutS * 1000));
+    // The world's transport, listen address, islands (the members'), providers and links.
+    const comm::GroupOptions& group = comm_->groupOptions();
     const bool mine = out[size_t(device_.rank)];
+    // The counters at the last step counted the old group's bytes, which the next step's will not.
+    if (const comm::Communicator* old = gradientGroupApart()) {
+      bytesSentBefore_ -= old->bytesSent();
+      bytesReceivedBefore_ -= old->bytesReceived();
+    }
     parallel_->setGradientGroup(comm_->split(mine ? -1 : 0, device_.rank, group));
     if (mine)  // its replica is brought up to date where one is needed (catchUpLeftOut)
       HETRA_INFO("train", "rank ", device_.rank, " (", device_.config.name,
                  ") is left out: it idles until the run ends");
+  }
+
+  // The gradient group where it is not the world (ranks left out), else nullptr: its transport's
+  // bytes are the rank's too.
+  const comm::Communicator* gradientGroupApart() const {
+    if (!parallel_ || parallel_->gradientGroup() == comm_) return nullptr;
+    return parallel_->gradientGroup().get();
   }
 
   // A left-out rank's replica stopped at the step it left: the first rank still in the gradient
