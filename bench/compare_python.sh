@@ -31,6 +31,11 @@ for round in $(seq 1 "$rounds"); do
   hetra_run
   # hetra.torch with hetra.torch.optim.SGD (torch's SGD with the one-pass step hetra run uses)
   run 3 1,2,4 --variant hetra --optimizer hetra
+  # The heap's share: hetra's processes pin glibc's mmap and trim thresholds (src/device/
+  # host_heap.h); the careful user's DDP on Gloo with the same thresholds, set through glibc's
+  # own variables.
+  MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483647 \
+    run 3 1,2,4 --variant ddp-proportional --backend gloo --label "heap kept"
   # A device slows x3 a third of the way in: a static split cannot follow, the balancer can.
   change=$((steps / 3 + warmup)):0:3
   run 3 1,2,4 --change "$change" --variant ddp-proportional --backend gloo

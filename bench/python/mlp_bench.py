@@ -40,6 +40,7 @@ parser.add_argument("--change", default="", help="STEP:RANK:FACTOR")
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--warmup", type=int, default=20)
 parser.add_argument("--global-batch", type=int, default=512)
+parser.add_argument("--label", default="", help="a note for the summary (e.g. the heap's setting)")
 parser.add_argument("--optimizer", default="torch", choices=["torch", "hetra"],
                     help="torch.optim.SGD, or hetra.torch.optim.SGD (the same with a one-pass step)")
 args = parser.parse_args()
@@ -137,6 +138,7 @@ seconds = time.perf_counter() - start
 if rank == 0:
     print(json.dumps({"variant": args.variant, "backend": args.backend if args.variant != "hetra"
                       else "hetra.torch", "optimizer": args.optimizer,
+                      "label": args.label,
                       "slowdowns": ",".join(f"{f:g}" for f in slowdowns), "change": args.change,
                       "steps": args.steps, "seconds": round(seconds, 3),
                       "samples_per_s": round(args.steps * B / seconds, 1),

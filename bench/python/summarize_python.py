@@ -11,6 +11,8 @@ def key(r):
     name = "hetra.torch" if name == "hetra" else name
     if r.get("optimizer") == "hetra":
         name += " + ht.optim"
+    if r.get("label"):
+        name += f", {r['label']}"
     return (r["slowdowns"], r["change"], name)
 
 
@@ -36,7 +38,10 @@ ratios = [("1,2,4", "", "hetra.torch", "ddp-equal gloo"),
           ("1,2,4", "", "hetra.torch", "hetra run"),
           ("1,2,4", "", "hetra.torch + ht.optim", "hetra run"),
           ("1,2,4", "", "hetra.torch + ht.optim", "ddp-equal gloo"),
+          ("1,2,4", "", "hetra.torch + ht.optim", "ddp-proportional gloo, heap kept"),
           ("1,2,4", "", "ddp-proportional hetra", "ddp-proportional gloo"),
+          ("1,2,4", "", "ddp-proportional hetra", "ddp-proportional gloo, heap kept"),
+          ("1,2,4", "", "ddp-proportional gloo, heap kept", "ddp-proportional gloo"),
           ("1,1", "", "hetra.torch", "ddp-equal gloo")]
 changes = sorted({r["change"] for r in rows if r["change"]})
 ratios += [("1,2,4", c, "hetra.torch", "ddp-proportional gloo") for c in changes]

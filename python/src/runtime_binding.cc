@@ -9,6 +9,7 @@
 
 #include "balance/balancer.h"
 #include "bindings.h"
+#include "device/host_heap.h"
 #include "device/slowdown.h"
 #include "launch/rank_environment.h"
 #include "store/store.h"
@@ -196,6 +197,12 @@ void bindTraining(py::module_& module) {
            py::arg("work"), py::call_guard<py::gil_scoped_release>(),
            "Ends a phase of `wall` elapsed and `work` CPU seconds; returns the seconds slept.")
       .def_static("tighten_timer_slack", &device::SlowdownEmulator::tightenTimerSlack);
+
+  module.def("keep_host_heap", &device::keepHostHeap,
+             "Pins glibc's mmap and trim thresholds for this process, as hetra run's ranks do, so "
+             "that the tensors a step frees stay in the heap for the next step instead of being "
+             "faulted in again (src/device/host_heap.h; HETRA_KEEP_HOST_HEAP=0 or the user's own "
+             "MALLOC_*_ / GLIBC_TUNABLES leave glibc alone). Returns whether they are pinned.");
 }
 
 }  // namespace hetra::python

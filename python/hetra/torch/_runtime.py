@@ -74,10 +74,15 @@ def _torch_store(timeout):
 
 
 def init(timeout=60.0, transport="auto"):
-    """Joins the job (idempotent). `timeout`: seconds for the rendezvous and for every operation."""
+    """Joins the job (idempotent) and keeps this process's heap as hetra run's ranks do
+    (hetra._core.keep_host_heap). `timeout`: seconds for the rendezvous and for every operation."""
     global _world
     if _world is not None:
         return _world
+    # A training step frees and allocates the same megabytes of tensors every step; with glibc's
+    # adaptive thresholds a step can fault them all in again (src/device/host_heap.h). A rank of
+    # hetra run keeps its heap; so does a process that joins hetra from Python.
+    _core.keep_host_heap()
     context = _core.rank_from_environment()
     keep = []
     if context is None:

@@ -65,6 +65,7 @@ class ProcessGroupHetra(_Base):
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+        _core.keep_host_heap()  # as init() does: a step's freed tensors stay for the next
         context = _core.RankContext()
         context.rank, context.world_size = rank, size
         context.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
