@@ -88,6 +88,8 @@ else:
         shares[0] += B - sum(shares)
     stream = _core.GlobalSampler(len(x), B, 0)
     emulator = _core.SlowdownEmulator()
+    if max(slowdowns[rank], change[2] if change and rank == int(change[1]) else 1.0) > 1.0:
+        emulator.tighten_timer_slack()  # as DistributedOptimizer and hetra run do
     phase = {}
 
     def end_segment():
