@@ -18,7 +18,8 @@ void bindErrors(pybind11::module_& module);
 void bindRuntime(pybind11::module_& module);
 // The communicator on raw buffers and its async handles (comm_binding.cc).
 void bindComm(pybind11::module_& module);
-// The global sampler, the balancer and the slow-device emulation (runtime_binding.cc).
+// The global sampler, the balancer, the slow-device emulation and the kept host heap
+// (runtime_binding.cc).
 void bindTraining(pybind11::module_& module);
 // The optimizers' one-pass updates on raw float32 buffers (optim_binding.cc).
 void bindOptimizers(pybind11::module_& module);

@@ -1,6 +1,6 @@
-// The store, rank discovery and the job's store; the global sampler, the balancer and the
-// slow-device emulation. Blocking calls release the GIL, so other Python threads (a DataLoader's,
-// a heartbeat) keep running while a rank waits for its peers.
+// The store, rank discovery and the job's store; the global sampler, the balancer, the
+// slow-device emulation and the kept host heap. Blocking calls release the GIL, so other Python
+// threads (a DataLoader's, a heartbeat) keep running while a rank waits for its peers.
 #include <memory>
 #include <string>
 #include <vector>

@@ -167,8 +167,8 @@ class DistributedOptimizer:
         if not factor >= 1.0:
             raise ValueError(f"slowdown={factor}; allowed: >= 1 (1: the real speed)")
         if factor > 1.0:
-            # The emulation sleeps in short pieces on this (the training) thread; the kernel's
-            # default 50 us timer slack would lengthen each, as hetra run's ranks avoid too.
+            # The emulation sleeps in short pieces on this (the training) thread, each up to the
+            # kernel's default 50 us timer slack late; hetra run's slowed ranks tighten it too.
             _core.SlowdownEmulator.tighten_timer_slack()
         self._slowdown = float(factor)
 
