@@ -166,7 +166,7 @@ class DistributedOptimizer:
     def slowdown(self, factor):
         if not factor >= 1.0:
             raise ValueError(f"slowdown={factor}; allowed: >= 1 (1: the real speed)")
-        if factor > 1.0:
+        if factor > 1.0 >= getattr(self, "_slowdown", 1.0):  # once, when it first slows down
             # The emulation sleeps in short pieces on this (the training) thread, each up to the
             # kernel's default 50 us timer slack late; hetra run's slowed ranks tighten it too.
             _core.SlowdownEmulator.tighten_timer_slack()
