@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <tuple>
 
 #include "common/errors.h"
 #include "common/net.h"
@@ -134,11 +135,11 @@ void RankChannel::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void RankChannel::bye(int code, const std::string& message) {
+void RankChannel::bye(int code, const std::string& message, bool reportsPeer) {
   stop();
   std::string text = message.substr(0, kMaxMessage);
   std::replace(text.begin(), text.end(), '\n', ' ');
-  send(str("bye ", code, " ", text));
+  send(str(reportsPeer ? "bye-peer " : "bye ", code, " ", text));
 }
 
 RankChannel::~RankChannel() {
@@ -344,8 +345,9 @@ void RankWatch::readBeat(Rank& rank) {
         in >> rank.pid >> rank.host;
         rank.hello = true;
         rank.lastBeat = Clock::now();
-      } else if (line.rfind("bye ", 0) == 0) {
-        const char* text = line.c_str() + 4;
+      } else if (line.rfind("bye ", 0) == 0 || line.rfind("bye-peer ", 0) == 0) {
+        rank.reportsPeer = line[3] == '-';
+        const char* text = line.c_str() + line.find(' ') + 1;
         char* end = nullptr;
         rank.code = int(std::strtol(text, &end, 10));
         rank.message = *end == ' ' ? end + 1 : end;
@@ -387,19 +389,29 @@ void RankWatch::rankReaped(int rank) {
   if (r.endOrder == 0) r.endOrder = endCounter_;  // it ended by now: this round at the latest
 }
 
+void RankWatch::launcherKillsTheRest() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& rank : ranks_)
+    if (!rank.ended && !rank.reaped && !rank.said) rank.killedByLauncher = true;
+}
+
 RankWatch::Failure RankWatch::firstFailure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const Rank* first = nullptr;
   int firstIndex = -1;
-  // Within one round a rank that said nothing (killed, crashed, hung) goes before one that
-  // reported an error: the reporter is most likely reporting the silent one's death.
-  auto rankOf = [](const Rank& r) { return r.hung.empty() && r.said ? 1 : 0; };
+  // Ranks that failed by themselves go before ranks that report a peer's failure; then the
+  // earlier end; within one round a rank that said nothing (killed, crashed, hung) goes before one
+  // that reported an error: the reporter is most likely reporting the silent one's death.
+  auto orderOf = [](const Rank& r) {
+    const bool reporter = r.hung.empty() && r.said;
+    return std::make_tuple(reporter && r.reportsPeer, r.endOrder, reporter);
+  };
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& r = ranks_[i];
-    const bool failed = !r.hung.empty() || ((r.ended || r.reaped) && (!r.said || r.code != 0));
+    const bool failed =
+        !r.hung.empty() || ((r.ended || r.reaped) && (r.said ? r.code != 0 : !r.killedByLauncher));
     if (!failed) continue;
-    if (!first || r.endOrder < first->endOrder ||
-        (r.endOrder == first->endOrder && rankOf(r) < rankOf(*first))) {
+    if (!first || orderOf(r) < orderOf(*first)) {
       first = &r;
       firstIndex = int(i);
     }

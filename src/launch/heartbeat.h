@@ -5,8 +5,9 @@
 //   channel    the pipes of one rank, created by the launcher before it starts the ranks; each
 //              rank inherits only its own (their numbers travel in its HETRA_RANK_CHANNELS): its
 //              heartbeat pipe, which carries lines "hello <pid> <host>", "beat" and, just before
-//              the rank exits, "bye <exit code> <message>"; and, unless the launcher reads the
-//              rank's stderr itself (a program that may not be linked with hetra), its stderr.
+//              the rank exits, "bye <exit code> <message>" ("bye-peer ..." when the message
+//              reports another rank's failure, a PeerAbortedError); and, unless the launcher reads
+//              the rank's stderr itself (a program that may not be linked with hetra), its stderr.
 //   heartbeat  a "beat" written by a thread of the rank every interval. A rank that is stopped
 //              (SIGSTOP, a frozen VM, a debugger) or wedged in the kernel stops beating; a rank
 //              whose main thread is merely busy or blocked keeps beating (its peers' operation
@@ -45,7 +46,9 @@ class RankChannel {
   RankChannel& operator=(const RankChannel&) = delete;
 
   // Tells the launcher how this rank is about to end (code 0: success). Stops the heartbeat.
-  void bye(int code, const std::string& message);
+  // `reportsPeer`: the error is another rank's failure seen from here (PeerAbortedError), so the
+  // launcher names a local rank that failed by itself before this one, whatever the order it saw.
+  void bye(int code, const std::string& message, bool reportsPeer);
 
  private:
   RankChannel(int heartbeatFd, Millis interval);
@@ -98,7 +101,13 @@ class RankWatch {
   // it started, or any other holder of its pipe's write end, would delay their end of file past the
   // ends of the ranks that report its death, and make one of them look first). Any thread.
   void rankReaped(int rank);
-  // The rank that failed first (by the time the watch saw it), with its tail.
+  // The launcher is about to kill every rank still running: those that have not said how they
+  // ended are stopped, not failed. Any thread.
+  void launcherKillsTheRest();
+  // The rank that failed first (by the time the watch saw it), with its tail. A rank whose error
+  // reports a peer's failure comes after every rank that failed by itself, however early it ended:
+  // a killed rank's pipes close only once its last thread has exited, which can be after a peer
+  // saw it die, reported and exited.
   Failure firstFailure() const;
   // The tail of one rank (tests, messages).
   std::vector<std::string> tail(int rank) const;
@@ -109,7 +118,9 @@ class RankWatch {
     int pid = 0;
     std::string host;
     bool hello = false, ended = false, said = false, errClosed = false;
-    bool reaped = false;  // by the launcher (rankReaped); the watch's thread then ends it
+    bool reaped = false;            // by the launcher (rankReaped); the watch's thread then ends it
+    bool reportsPeer = false;       // its "bye" reported another rank's failure
+    bool killedByLauncher = false;  // still running when the launcher killed the rest
     int code = 0;
     std::string message, partialErr, partialBeat;
     std::deque<std::string> tail;

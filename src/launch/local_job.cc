@@ -167,6 +167,7 @@ LocalJobEnd runLocalJob(const LocalJob& job) {
   options.stopGrace = job.stopGrace;
   options.captureStderr = job.captureStderr;
   options.onReaped = [&watch](size_t rank, int) { watch.rankReaped(int(rank)); };
+  options.onKillingTheRest = [&watch] { watch.launcherKillsTheRest(); };
   LocalJobEnd end;
   end.code = superviseChildren(children, options, signals);
   watch.finish();

@@ -279,6 +279,7 @@ int superviseChildren(const std::vector<ChildProcess>& children, const Supervise
     }
     if (live == 0) break;
     if (Clock::now() >= killAt) {
+      if (options.onKillingTheRest) options.onKillingTheRest();
       signalAll(SIGKILL);
       killed = true;
       killAt = Deadline::max();

@@ -62,6 +62,9 @@ struct SuperviseOptions {
   size_t tailLines = 20;
   // Called (on the supervising thread) as each child is reaped, with its index and wait status.
   std::function<void(size_t child, int status)> onReaped;
+  // Called (on the supervising thread) just before the children still running are killed at the
+  // end of a grace period: how they end from then on is the launcher's doing, not a failure.
+  std::function<void()> onKillingTheRest;
 };
 
 // Starts every child in its own process group and waits for all of them. SIGINT, SIGTERM and

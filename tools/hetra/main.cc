@@ -76,8 +76,9 @@ int runParams() {
   return 0;
 }
 
-// The command line's command; `error` gets the message of the error that ended it.
-int runCommand(int argc, char** argv, std::string& error) {
+// The command line's command; `error` gets the message of the error that ended it, and
+// `reportsPeer` whether that error was another rank's failure (PeerAbortedError).
+int runCommand(int argc, char** argv, std::string& error, bool& reportsPeer) {
   CLI::App app{"hetra: training across heterogeneous devices"};
   app.require_subcommand(1);
   cli::BenchOptions bench;
@@ -151,6 +152,11 @@ int runCommand(int argc, char** argv, std::string& error) {
     std::fprintf(stderr, "hetra: %s\n", e.what());
     error = e.what();
     return 2;
+  } catch (const PeerAbortedError& e) {
+    std::fprintf(stderr, "hetra: error: %s\n", e.what());
+    error = e.what();
+    reportsPeer = true;  // another rank's failure, seen from here
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hetra: error: %s\n", e.what());
     error = e.what();
@@ -177,7 +183,8 @@ int main(int argc, char** argv) {
   cuda::registerTransports();
 #endif
   std::string error;
-  const int code = runCommand(argc, argv, error);
-  if (channel) channel->bye(code, error);
+  bool reportsPeer = false;
+  const int code = runCommand(argc, argv, error, reportsPeer);
+  if (channel) channel->bye(code, error, reportsPeer);
   return code;
 }
