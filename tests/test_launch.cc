@@ -266,58 +266,48 @@ TEST(LocalJob, TheRankThatEndedFirstIsTheFailureEvenWhenItsPipesOutliveIt) {
   EXPECT_TRUE(contains(end.failure.how, "ended without reporting why")) << end.failure.how;
 }
 
-// A rank (bash) that says on its heartbeat channel that it ends with status 1, reporting a
-// peer's failure ("bye-peer", as a rank that caught PeerAbortedError does) or an error of its own.
-std::string sayBye(const std::string& kind) {
-  return "IFS=';,' read -r interval err beat <<< \"$HETRA_RANK_CHANNELS\"; "
-         "echo \"hello $$ here\" >&$beat; echo \"" +
-         kind + " 1 rank 1 (pid 0) died\" >&$beat; exit 1";
-}
-
-TEST(LocalJob, ARankThatReportsAPeersFailureIsNotBlamedForItEvenWhenItEndedFirst) {
-  // Rank 2 reports rank 1's death and exits; rank 1 ends (killed) a second later, as a killed
-  // rank whose last threads are slow to exit does. Rank 0 is still running when the launcher
-  // kills the rest: stopped, not failed.
+// Three ranks (bash): rank 2 says on its heartbeat channel that it ends with status 1, reporting a
+// peer's failure (`bye` "bye-peer", as a rank that caught PeerAbortedError does) or an error of its
+// own ("bye"), and exits; rank 1, with `rank1Dies`, is killed a second later, as a killed rank
+// whose last threads are slow to exit ends; the others run on until the launcher kills them after
+// `grace`. Returns how the job ended; `err` gets the launcher's stderr.
+LocalJobEnd rank2SaysThen(const std::string& bye, bool rank1Dies, Millis grace, std::string& err) {
   LocalJob job;
   job.np = 3;
   job.argv = {"bash", "-c",
-              "if [ $HETRA_RANK = 2 ]; then " + sayBye("bye-peer") +
-                  "; fi; if [ $HETRA_RANK = 1 ]; then sleep 1; kill -KILL $$; fi; sleep 30"};
-  job.failureGrace = Millis(3000);
+              "if [ $HETRA_RANK = 2 ]; then "
+              "IFS=';,' read -r interval err beat <<< \"$HETRA_RANK_CHANNELS\"; "
+              "echo \"hello $$ here\" >&$beat; echo \"" +
+                  bye + " 1 rank 1 (pid 0) died\" >&$beat; exit 1; fi; " +
+                  (rank1Dies ? "if [ $HETRA_RANK = 1 ]; then sleep 1; kill -KILL $$; fi; " : "") +
+                  "sleep 30"};
+  job.failureGrace = grace;
   testing::internal::CaptureStderr();
   const LocalJobEnd end = runLocalJob(job);
-  const std::string err = testing::internal::GetCapturedStderr();
+  err = testing::internal::GetCapturedStderr();
+  return end;
+}
+
+TEST(LocalJob, ARankThatReportsAPeersFailureIsNotBlamedForItEvenWhenItEndedFirst) {
+  // Rank 0 is still running when the launcher kills the rest: stopped, not failed.
+  std::string err;
+  const LocalJobEnd end = rank2SaysThen("bye-peer", /*rank1Dies=*/true, Millis(3000), err);
   EXPECT_EQ(end.failure.rank, 1) << end.failure.how << "\n" << err;
   EXPECT_TRUE(contains(end.failure.how, "ended without reporting why")) << end.failure.how;
 }
 
 TEST(LocalJob, ARankThatReportsAnErrorOfItsOwnFirstIsTheFailure) {
-  // The same ends, but rank 2's error is its own: it ended first, so it failed first.
-  LocalJob job;
-  job.np = 3;
-  job.argv = {"bash", "-c",
-              "if [ $HETRA_RANK = 2 ]; then " + sayBye("bye") +
-                  "; fi; if [ $HETRA_RANK = 1 ]; then sleep 1; kill -KILL $$; fi; sleep 30"};
-  job.failureGrace = Millis(3000);
-  testing::internal::CaptureStderr();
-  const LocalJobEnd end = runLocalJob(job);
-  const std::string err = testing::internal::GetCapturedStderr();
+  std::string err;
+  const LocalJobEnd end = rank2SaysThen("bye", /*rank1Dies=*/true, Millis(3000), err);
   EXPECT_EQ(end.failure.rank, 2) << end.failure.how << "\n" << err;
   EXPECT_TRUE(contains(end.failure.how, "exited with status 1: rank 1 (pid 0) died"))
       << end.failure.how;
 }
 
 TEST(LocalJob, RanksTheLauncherKillsAfterTheGraceAreNotTheFailure) {
-  // Only rank 2 reports a failure (of a rank elsewhere); ranks 0 and 1 run on until the launcher
-  // kills them: rank 2 is the failure this launcher saw.
-  LocalJob job;
-  job.np = 3;
-  job.argv = {"bash", "-c",
-              "if [ $HETRA_RANK = 2 ]; then " + sayBye("bye-peer") + "; fi; sleep 30"};
-  job.failureGrace = Millis(300);
-  testing::internal::CaptureStderr();
-  const LocalJobEnd end = runLocalJob(job);
-  const std::string err = testing::internal::GetCapturedStderr();
+  // Only rank 2 reports a failure (of a rank elsewhere): it is the failure this launcher saw.
+  std::string err;
+  const LocalJobEnd end = rank2SaysThen("bye-peer", /*rank1Dies=*/false, Millis(300), err);
   EXPECT_EQ(end.code, 1) << err;
   EXPECT_EQ(end.failure.rank, 2) << end.failure.how << "\n" << err;
 }
