@@ -336,6 +336,11 @@ TEST(Trainer, ResyncEveryDefaultsTo100StepsOnlyForMixedDeviceKinds) {
 // for a micro-batch is the slowest rank's: the balancer sees only compute, the waits taken out
 // (ZeroParallel::waitedSeconds), and moves samples to the fast device as without sharding.
 TEST(Trainer, BalancerMovesSamplesToTheFastDeviceUnderZeroStage3) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // Measured under ASan beside other tests on two cores: splits of 41/29/26, 34/34/28, 24/41/31.
+  GTEST_SKIP() << "the devices' speeds here come from time, which a sanitizer build on busy "
+                  "cores does not keep (the ZeRO-3 path's memory checks are the other tests')";
+#endif
   torch::set_num_threads(1);
   const auto dir = tempDir("zero3-balance");
   // The memory plan's shards kept (no follow_speed): shards that follow speed give the fast
