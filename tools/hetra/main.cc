@@ -152,14 +152,10 @@ int runCommand(int argc, char** argv, std::string& error, bool& reportsPeer) {
     std::fprintf(stderr, "hetra: %s\n", e.what());
     error = e.what();
     return 2;
-  } catch (const PeerAbortedError& e) {
-    std::fprintf(stderr, "hetra: error: %s\n", e.what());
-    error = e.what();
-    reportsPeer = true;  // another rank's failure, seen from here
-    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hetra: error: %s\n", e.what());
     error = e.what();
+    reportsPeer = dynamic_cast<const PeerAbortedError*>(&e) != nullptr;  // seen from here
     return 1;
   }
 }
