@@ -31,3 +31,40 @@ def test_a_dataloader_yields_the_sampler_steps():
                          text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "OK"
+
+
+SCHEDULE = """
+import random
+from hetra.torch.sampler import SplitSchedule
+rng = random.Random(7)
+schedule = SplitSchedule([5, 3, 2])
+firsts, step = [0], 0
+for i in range(300):  # a long run's balancer: hundreds of changes, at uneven gaps
+    step += rng.randint(1, 9)
+    schedule.change(step, [i, 300 - i, 1])
+    firsts.append(step)
+# Each change's shares cover the steps up to the next change's first, by expansion.
+splits = [[5, 3, 2]] + [[i, 300 - i, 1] for i in range(300)]
+expected = {}
+for k, first in enumerate(firsts):
+    end = firsts[k + 1] if k + 1 < len(firsts) else first + 20
+    for s in range(first, end):
+        expected[s] = splits[k]
+for s in range(-3, firsts[-1] + 20):
+    assert schedule.shares_at(s) == expected.get(s, [5, 3, 2]), s
+for bad in (firsts[-1], firsts[-1] - 4):
+    try:
+        schedule.change(bad, [1, 1, 1])
+    except ValueError as e:
+        assert "must follow the last one" in str(e), e
+    else:
+        raise AssertionError(f"a change at step {bad} was accepted")
+print("OK")
+"""
+
+
+def test_the_split_schedule_finds_each_steps_shares_among_hundreds_of_changes():
+    out = subprocess.run([sys.executable, "-c", SCHEDULE], env=base_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "OK"

@@ -9,6 +9,8 @@ ranks know in advance: a change decided after step t applies from step t + 1 + l
 stay valid (a change that would invalidate one raises instead).
 """
 
+import bisect
+
 from hetra import _core
 from hetra.torch import _runtime, ops
 
@@ -20,20 +22,20 @@ class SplitSchedule:
 
     def __init__(self, shares):
         self._changes = [(0, list(shares))]
+        # The first steps alone, for a binary search: a long run's balancer changes the split
+        # hundreds of times, and every step looks its shares up several times.
+        self._firsts = [0]
 
     def shares_at(self, step):
-        current = self._changes[0][1]
-        for first, shares in self._changes:
-            if first > step:
-                break
-            current = shares
-        return current
+        # The last change that starts at or before `step` (a step before 0 has the first split).
+        return self._changes[max(bisect.bisect_right(self._firsts, step) - 1, 0)][1]
 
     def change(self, first_step, shares):
-        if first_step <= self._changes[-1][0]:
+        if first_step <= self._firsts[-1]:
             raise ValueError(f"a split change at step {first_step} must follow the last one "
-                             f"(step {self._changes[-1][0]})")
+                             f"(step {self._firsts[-1]})")
         self._changes.append((first_step, list(shares)))
+        self._firsts.append(first_step)
 
     @property
     def changes(self):
