@@ -25,11 +25,13 @@ for i in "${!factors[@]}"; do
   printf '[[devices]]\nname = "d%s"\nslowdown = %s\n' "$i" "${factors[$i]}" >>"$config"
 done
 
-# recorded NAME COMMAND...: runs COMMAND under perf (children included); stdout to $work/NAME.out.
+# recorded NAME COMMAND...: runs COMMAND under perf (children included); stdout to $work/NAME.out;
+# a failed run shows its stderr.
 recorded() {
   local name=$1
   shift
-  perf record -q -e cpu-clock -F 500 -o "$work/$name.data" -- "$@" >"$work/$name.out" 2>/dev/null
+  perf record -q -e cpu-clock -F 500 -o "$work/$name.data" -- "$@" >"$work/$name.out" \
+    2>"$work/$name.err" || { echo "profile_cpu.sh: $name failed:" >&2; cat "$work/$name.err" >&2; exit 1; }
 }
 
 hetra_torch() {
@@ -65,7 +67,7 @@ for dso, n in sorted(diff.items(), key=lambda kv: -kv[1]):
 PY
 }
 
-global_batch=512
+global_batch=512  # mlp_bench.py's and the demo config's
 for run in short long; do
   hetra_torch "hetra.torch-$run" "${!run}"
   hetra_run "hetra-run-$run" "${!run}"
